@@ -1,0 +1,31 @@
+# `make demo` and `make test` each set everything up first (idempotent).
+PY := .venv/bin/python
+export HF_HUB_OFFLINE := 1
+export TRANSFORMERS_OFFLINE := 1
+
+.PHONY: setup demo smoke test test-slow lint format bench clean
+
+setup:
+	bash scripts/setup.sh
+
+demo: setup
+	$(PY) -m vlastack.cli demo
+
+smoke: setup
+	$(PY) -m vlastack.cli smoke
+
+test: setup
+	$(PY) -m ruff check . && $(PY) -m ruff format --check .
+	$(PY) -m pytest -q -x --durations=15
+
+test-slow: setup
+	$(PY) -m pytest -q -m slow
+
+lint:
+	$(PY) -m ruff check . && $(PY) -m ruff format --check .
+
+format:
+	$(PY) -m ruff check --fix . && $(PY) -m ruff format .
+
+clean:
+	rm -rf runs .pytest_cache

@@ -1,0 +1,544 @@
+"""One typed config tree: frozen dataclasses, presets as functions, YAML, dotted overrides.
+
+    cfg = load_config("tiny", yaml_path=None, overrides=["model.expert.depth=4"])
+    save_yaml(cfg, "run/config.yaml"); cfg2 = load_yaml("run/config.yaml")
+
+A new hyperparameter is one field here plus its one use site. Each dataclass checks its own
+values in ``__post_init__`` with ``_check``; the tree builders re-raise with the dotted path so a
+user always sees which key is wrong (``ValueError: model.expert.depth: ...``).
+"""
+
+from __future__ import annotations
+
+import types
+import typing
+from dataclasses import dataclass, field, fields, is_dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+
+class ConfigError(ValueError):
+    """A config key has an invalid value or does not exist. ``key`` is the dotted path."""
+
+    def __init__(self, key: str, msg: str):
+        self.key, self.msg = key, msg
+        super().__init__(f"{key}: {msg}" if key else msg)
+
+
+def _check(cond: bool, key: str, msg: str) -> None:
+    if not cond:
+        raise ConfigError(key, msg)
+
+
+def _positive(obj: Any, *names: str) -> None:
+    for n in names:
+        v = getattr(obj, n)
+        _check(v > 0, n, f"must be > 0, got {v!r}")
+
+
+# ----------------------------------------------------------------------------- model
+
+
+@dataclass(frozen=True)
+class VisionConfig:
+    """SigLIP-style ViT. Defaults are SigLIP So400m/14 at 224 px (256 patches)."""
+
+    image_size: int = 224
+    patch_size: int = 14
+    width: int = 1152
+    depth: int = 27
+    heads: int = 16
+    mlp_dim: int = 4304
+    norm_eps: float = 1e-6
+
+    def __post_init__(self) -> None:
+        _positive(self, "image_size", "patch_size", "width", "depth", "heads", "mlp_dim")
+        _check(
+            self.image_size % self.patch_size == 0,
+            "image_size",
+            f"{self.image_size} is not divisible by patch_size {self.patch_size}",
+        )
+        _check(self.width % self.heads == 0, "width", f"{self.width} not divisible by heads {self.heads}")
+
+    @property
+    def num_patches(self) -> int:
+        return (self.image_size // self.patch_size) ** 2
+
+
+@dataclass(frozen=True)
+class DecoderConfig:
+    """Gemma-style decoder (RMSNorm(1+w), RoPE, GQA, GeGLU-tanh). Used for the VLM and the expert.
+
+    Defaults are Gemma-2B. ``vocab_size`` is ignored for the action expert.
+    """
+
+    width: int = 2048
+    depth: int = 18
+    heads: int = 8
+    kv_heads: int = 1
+    head_dim: int = 256
+    mlp_dim: int = 16384
+    vocab_size: int = 257152
+    rope_theta: float = 10000.0
+    norm_eps: float = 1e-6
+
+    def __post_init__(self) -> None:
+        _positive(self, "width", "depth", "heads", "kv_heads", "head_dim", "mlp_dim", "vocab_size")
+        _check(
+            self.heads % self.kv_heads == 0,
+            "kv_heads",
+            f"heads ({self.heads}) must be a multiple of kv_heads ({self.kv_heads})",
+        )
+
+
+@dataclass(frozen=True)
+class TokenHeadConfig:
+    """Discrete action tokens (RT-2/OpenVLA bins, FAST). Used when ``model.head == 'tokens'``."""
+
+    tokenizer: str = "bins"  # bins | fast
+    num_bins: int = 256
+    placement: str = "overwrite_last"  # overwrite_last | skip_special | new_rows
+    fast_scale: float = 10.0
+    fast_vocab_size: int = 1024
+    max_action_tokens: int = 64
+    decoding: str = "autoregressive"  # autoregressive | parallel
+    temperature: float = 0.0
+    regression_head: bool = False  # OFT-style L1 head for parallel decoding
+
+    def __post_init__(self) -> None:
+        _check(
+            self.tokenizer in ("bins", "fast"),
+            "tokenizer",
+            f"must be 'bins' or 'fast', got {self.tokenizer!r}",
+        )
+        _check(
+            self.placement in ("overwrite_last", "skip_special", "new_rows"),
+            "placement",
+            f"must be overwrite_last | skip_special | new_rows, got {self.placement!r}",
+        )
+        _check(
+            self.decoding in ("autoregressive", "parallel"),
+            "decoding",
+            f"must be 'autoregressive' or 'parallel', got {self.decoding!r}",
+        )
+        _positive(self, "num_bins", "fast_scale", "fast_vocab_size", "max_action_tokens")
+        _check(self.temperature >= 0, "temperature", f"must be >= 0, got {self.temperature}")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    vision: VisionConfig = field(default_factory=VisionConfig)
+    vlm: DecoderConfig = field(default_factory=DecoderConfig)
+    expert: DecoderConfig = field(
+        default_factory=lambda: DecoderConfig(width=1024, depth=18, mlp_dim=4096, vocab_size=1)
+    )
+    head: str = "flow"  # flow | tokens
+    tokens: TokenHeadConfig = field(default_factory=TokenHeadConfig)
+    action_horizon: int = 50
+    action_dim: int = 32
+    state_dim: int = 32
+    camera_names: tuple[str, ...] = ("base_0_rgb", "left_wrist_0_rgb", "right_wrist_0_rgb")
+    max_text_len: int = 48
+    num_denoise_steps: int = 10
+    time_min_period: float = 4e-3
+    time_max_period: float = 4.0
+    # "byte": a file-free byte-level tokenizer; otherwise a folder with tokenizer.json/.model.
+    tokenizer: str = "byte"
+
+    def __post_init__(self) -> None:
+        _check(self.head in ("flow", "tokens"), "head", f"must be 'flow' or 'tokens', got {self.head!r}")
+        _positive(self, "action_horizon", "action_dim", "state_dim", "max_text_len", "num_denoise_steps")
+        _check(len(self.camera_names) > 0, "camera_names", "needs at least one camera")
+        _check(len(set(self.camera_names)) == len(self.camera_names), "camera_names", "names must be unique")
+        e, v = self.expert, self.vlm
+        for k in ("heads", "kv_heads", "head_dim", "depth"):
+            _check(
+                getattr(e, k) == getattr(v, k),
+                f"expert.{k}",
+                f"must equal vlm.{k} ({getattr(v, k)}) because the expert attends jointly with the "
+                f"VLM layer by layer; got {getattr(e, k)}",
+            )
+        _check(self.time_min_period > 0, "time_min_period", "must be > 0")
+        _check(self.time_max_period > self.time_min_period, "time_max_period", "must exceed time_min_period")
+
+    @property
+    def num_cameras(self) -> int:
+        return len(self.camera_names)
+
+    @property
+    def prefix_len(self) -> int:
+        """Image tokens + text tokens (the bidirectional prefix block)."""
+        return self.num_cameras * self.vision.num_patches + self.max_text_len
+
+
+# ----------------------------------------------------------------------------- data / train / eval
+
+
+@dataclass(frozen=True)
+class NormConfig:
+    """Normalization mode per feature key: mean_std | min_max | quantiles (q01/q99 -> [-1, 1])."""
+
+    state: str = "mean_std"
+    action: str = "mean_std"
+
+    def __post_init__(self) -> None:
+        for k in ("state", "action"):
+            v = getattr(self, k)
+            _check(v in ("mean_std", "min_max", "quantiles", "identity"), k, f"unknown mode {v!r}")
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    path: str = ""
+    episodes: tuple[int, ...] = ()  # empty = all
+    streaming: bool = False
+    shuffle_buffer: int = 1000
+    num_workers: int = 2
+    prefetch_factor: int = 2
+    pin_memory: bool = True
+    persistent_workers: bool = True
+    norm: NormConfig = field(default_factory=NormConfig)
+    # Image augmentation (plain torch, on uint8).
+    random_crop_scale: float = 1.0  # 1.0 = off; e.g. 0.9 keeps 90% of the area
+    color_jitter: float = 0.0
+    video_tolerance_s: float = 1e-4
+
+    def __post_init__(self) -> None:
+        _check(self.num_workers >= 0, "num_workers", f"must be >= 0, got {self.num_workers}")
+        _positive(self, "shuffle_buffer", "prefetch_factor")
+        _check(0 < self.random_crop_scale <= 1, "random_crop_scale", "must be in (0, 1]")
+        _check(0 <= self.color_jitter < 1, "color_jitter", "must be in [0, 1)")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    steps: int = 1000
+    batch_size: int = 32
+    grad_accum: int = 1
+    lr: float = 3e-4
+    lr_vision: float | None = None  # None = lr; 0 freezes the part
+    lr_vlm: float | None = None
+    lr_expert: float | None = None
+    weight_decay: float = 0.01
+    betas: tuple[float, float] = (0.9, 0.95)
+    warmup_steps: int = 100
+    min_lr_ratio: float = 0.1
+    grad_clip: float = 1.0
+    precision: str = "fp32"  # fp32 | bf16 | fp16
+    optimizer: str = "adamw"  # adamw | adamw8bit
+    ema_decay: float = 0.0  # 0 = off
+    lora_rank: int = 0  # 0 = full fine-tuning
+    lora_alpha: float = 16.0
+    lora_dropout: float = 0.0
+    lora_targets: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj")
+    activation_checkpointing: bool = False
+    compile: bool = False
+    parallel: str = "none"  # none | ddp | fsdp
+    seed: int = 0
+    log_every: int = 10
+    save_every: int = 500
+    keep_last: int = 3
+    eval_every: int = 0  # 0 = off
+    max_bad_steps: int = 5
+    out_dir: str = "runs/train"
+
+    def __post_init__(self) -> None:
+        _positive(self, "steps", "batch_size", "grad_accum", "log_every", "save_every", "keep_last")
+        _check(self.lr >= 0, "lr", "must be >= 0")
+        _check(
+            self.precision in ("fp32", "bf16", "fp16"),
+            "precision",
+            f"must be fp32|bf16|fp16, got {self.precision!r}",
+        )
+        _check(self.optimizer in ("adamw", "adamw8bit"), "optimizer", f"unknown optimizer {self.optimizer!r}")
+        _check(
+            self.parallel in ("none", "ddp", "fsdp"),
+            "parallel",
+            f"must be none|ddp|fsdp, got {self.parallel!r}",
+        )
+        _check(0 <= self.ema_decay < 1, "ema_decay", "must be in [0, 1)")
+        _check(self.lora_rank >= 0, "lora_rank", "must be >= 0")
+        _check(self.warmup_steps >= 0, "warmup_steps", "must be >= 0")
+        _check(self.grad_clip >= 0, "grad_clip", "must be >= 0 (0 = off)")
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    suite: str = "builtin"
+    tasks: tuple[str, ...] = ()  # empty = every task of the suite
+    episodes: int = 100
+    seed: int = 1_000_000  # evaluation seeds start here: disjoint from data-generation seeds
+    num_workers: int = 2
+    steps_per_chunk: int = 8
+    temporal_ensemble: float = 0.0  # 0 = off, else exponential weight
+    image_size: int = 64
+    videos: int = 4
+
+    def __post_init__(self) -> None:
+        _positive(self, "episodes", "steps_per_chunk", "image_size")
+        _check(self.num_workers >= 0, "num_workers", "must be >= 0")
+
+
+@dataclass(frozen=True)
+class Config:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+
+    def __post_init__(self) -> None:
+        _check(
+            self.eval.steps_per_chunk <= self.model.action_horizon,
+            "eval.steps_per_chunk",
+            f"({self.eval.steps_per_chunk}) cannot exceed model.action_horizon ({self.model.action_horizon})",
+        )
+
+
+# ----------------------------------------------------------------------------- presets
+
+
+def tiny() -> Config:
+    """Trains at several steps/s at batch 32 on a 2-core CPU. 64x64 images, patch 8."""
+    d = DecoderConfig(width=128, depth=4, heads=4, kv_heads=1, head_dim=32, mlp_dim=384, vocab_size=260)
+    return Config(
+        model=ModelConfig(
+            vision=VisionConfig(image_size=64, patch_size=8, width=128, depth=4, heads=4, mlp_dim=384),
+            vlm=d,
+            expert=replace(d, width=64, mlp_dim=192, vocab_size=1),
+            action_horizon=16,
+            action_dim=8,
+            state_dim=8,
+            camera_names=("scene", "wrist"),
+            max_text_len=24,
+        ),
+        train=TrainConfig(steps=1500, batch_size=32, lr=1e-3, warmup_steps=50),
+        eval=EvalConfig(steps_per_chunk=8, image_size=64),
+    )
+
+
+def small() -> Config:
+    """About 100M parameters: a ViT-S/16-like encoder, a 12-layer 640-wide VLM, a 384-wide expert."""
+    d = DecoderConfig(width=640, depth=12, heads=8, kv_heads=2, head_dim=80, mlp_dim=2560, vocab_size=32000)
+    return Config(
+        model=ModelConfig(
+            vision=VisionConfig(image_size=224, patch_size=16, width=384, depth=12, heads=6, mlp_dim=1536),
+            vlm=d,
+            expert=replace(d, width=384, mlp_dim=1536, vocab_size=1),
+            action_horizon=50,
+            action_dim=32,
+            state_dim=32,
+            camera_names=("base_0_rgb", "left_wrist_0_rgb"),
+            max_text_len=48,
+        ),
+        train=TrainConfig(batch_size=8, lr=1e-4),
+        eval=EvalConfig(image_size=224),
+    )
+
+
+def pi0() -> Config:
+    """The exact Pi0 shapes: SigLIP So400m/14 + Gemma-2B + a Gemma-300M-like action expert."""
+    return Config(
+        model=ModelConfig(),
+        train=TrainConfig(batch_size=32, lr=2.5e-5, precision="bf16", activation_checkpointing=True),
+        eval=EvalConfig(image_size=224),
+    )
+
+
+PRESETS = {"tiny": tiny, "small": small, "pi0": pi0}
+
+
+# ----------------------------------------------------------------------------- (de)serialization
+
+
+def to_dict(cfg: Any) -> Any:
+    """Dataclass tree -> plain dict (tuples become lists) for YAML/JSON."""
+    if is_dataclass(cfg):
+        return {f.name: to_dict(getattr(cfg, f.name)) for f in fields(cfg)}
+    if isinstance(cfg, tuple | list):
+        return [to_dict(v) for v in cfg]
+    return cfg
+
+
+def _coerce(value: Any, tp: Any, key: str) -> Any:
+    """Check ``value`` against the type hint ``tp`` and convert lists to tuples and ints to floats."""
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        args = typing.get_args(tp)
+        if value is None and type(None) in args:
+            return None
+        errors = []
+        for a in args:
+            if a is type(None):
+                continue
+            try:
+                return _coerce(value, a, key)
+            except ConfigError as e:
+                errors.append(e.msg)
+        raise ConfigError(key, "; ".join(errors))
+    if origin is tuple:
+        args = typing.get_args(tp)
+        if isinstance(value, str):
+            value = [value]
+        if not isinstance(value, list | tuple):
+            raise ConfigError(key, f"expected a list, got {value!r}")
+        if len(args) == 2 and args[1] is Ellipsis:
+            return tuple(_coerce(v, args[0], f"{key}[{i}]") for i, v in enumerate(value))
+        if len(value) != len(args):
+            raise ConfigError(key, f"expected {len(args)} items, got {len(value)}")
+        return tuple(_coerce(v, a, f"{key}[{i}]") for i, (v, a) in enumerate(zip(value, args)))
+    if is_dataclass(tp):
+        if isinstance(value, tp):
+            return value
+        if not isinstance(value, dict):
+            raise ConfigError(key, f"expected a mapping, got {value!r}")
+        return _from_dict(tp, value, key)
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(key, f"expected true/false, got {value!r}")
+        return value
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(key, f"expected an integer, got {value!r}")
+        return value
+    if tp is float:
+        if isinstance(value, str):  # YAML 1.1 reads "1e-4" as a string
+            try:
+                value = float(value)
+            except ValueError:
+                pass
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ConfigError(key, f"expected a number, got {value!r}")
+        return float(value)
+    if tp is str:
+        if not isinstance(value, str):
+            raise ConfigError(key, f"expected a string, got {value!r}")
+        return value
+    return value
+
+
+def _hints(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+def _from_dict(cls: type, data: dict, prefix: str = "", base: Any = None) -> Any:
+    """Build dataclass ``cls`` from ``data``, on top of ``base`` (an instance) when given."""
+    hints = _hints(cls)
+    names = {f.name for f in fields(cls)}
+    kwargs = {}
+    for k, v in data.items():
+        key = f"{prefix}.{k}" if prefix else k
+        if k not in names:
+            raise ConfigError(key, f"unknown key; valid keys here: {', '.join(sorted(names))}")
+        tp = hints[k]
+        if is_dataclass(tp) and isinstance(v, dict):
+            kwargs[k] = _from_dict(tp, v, key, getattr(base, k) if base is not None else None)
+        else:
+            kwargs[k] = _coerce(v, tp, key)
+    return _construct(cls, kwargs, prefix, base)
+
+
+def _construct(cls: type, kwargs: dict, prefix: str, base: Any) -> Any:
+    try:
+        return replace(base, **kwargs) if base is not None else cls(**kwargs)
+    except ConfigError as e:
+        raise ConfigError(f"{prefix}.{e.key}" if prefix else e.key, e.msg) from None
+
+
+def from_dict(data: dict, base: Config | None = None) -> Config:
+    """Plain dict (e.g. loaded YAML) -> Config, validated; keys not given keep ``base``'s values."""
+    if not isinstance(data, dict):
+        raise ConfigError("", f"config must be a mapping, got {type(data).__name__}")
+    return _from_dict(Config, data, "", base)
+
+
+def save_yaml(cfg: Config, path: str | Path) -> None:
+    Path(path).write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
+
+
+def load_yaml(path: str | Path, base: Config | None = None) -> Config:
+    data = yaml.safe_load(Path(path).read_text()) or {}
+    return from_dict(data, base)
+
+
+def parse_override(text: str) -> tuple[list[str], Any]:
+    """``"model.expert.depth=6"`` -> (["model", "expert", "depth"], 6). Values are YAML scalars."""
+    if "=" not in text:
+        raise ConfigError(text, "override must look like key.path=value")
+    key, raw = text.split("=", 1)
+    key = key.strip()
+    if not key:
+        raise ConfigError(text, "override has an empty key")
+    return key.split("."), yaml.safe_load(raw) if raw.strip() else ""
+
+
+def apply_overrides(cfg: Config, overrides: list[str] | tuple[str, ...]) -> Config:
+    """Apply dotted ``key=value`` overrides; unknown keys and bad values raise ``ConfigError``."""
+    nested: dict = {}
+    for text in overrides:
+        path, value = parse_override(text)
+        node = nested
+        for p in path[:-1]:
+            node = node.setdefault(p, {})
+            if not isinstance(node, dict):
+                raise ConfigError(".".join(path), "conflicts with an earlier override")
+        node[path[-1]] = value
+    return _apply_nested(cfg, nested, "")
+
+
+def _apply_nested(obj: Any, nested: dict, prefix: str) -> Any:
+    hints = _hints(type(obj))
+    names = {f.name for f in fields(obj)}
+    kwargs = {}
+    for k, v in nested.items():
+        key = f"{prefix}.{k}" if prefix else k
+        if k not in names:
+            raise ConfigError(key, f"unknown key; valid keys here: {', '.join(sorted(names))}")
+        cur = getattr(obj, k)
+        if is_dataclass(cur) and isinstance(v, dict):
+            kwargs[k] = _apply_nested(cur, v, key)
+        else:
+            kwargs[k] = _coerce(v, hints[k], key)
+    return _construct(type(obj), kwargs, prefix, obj)
+
+
+def load_config(
+    preset: str = "tiny", yaml_path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()
+) -> Config:
+    """preset -> YAML on top -> dotted overrides on top. The one way every command builds a config."""
+    if preset not in PRESETS:
+        raise ConfigError("preset", f"unknown preset {preset!r}; choose from {', '.join(PRESETS)}")
+    cfg = PRESETS[preset]()
+    if yaml_path is not None:
+        cfg = load_yaml(yaml_path, base=cfg)
+    return apply_overrides(cfg, list(overrides))
+
+
+def model_config_from_dict(data: dict) -> ModelConfig:
+    return _from_dict(ModelConfig, data, "model")
+
+
+__all__ = [
+    "PRESETS",
+    "Config",
+    "ConfigError",
+    "DataConfig",
+    "DecoderConfig",
+    "EvalConfig",
+    "ModelConfig",
+    "NormConfig",
+    "TokenHeadConfig",
+    "TrainConfig",
+    "VisionConfig",
+    "apply_overrides",
+    "from_dict",
+    "load_config",
+    "load_yaml",
+    "model_config_from_dict",
+    "pi0",
+    "save_yaml",
+    "small",
+    "tiny",
+    "to_dict",
+]
