@@ -10,6 +10,7 @@ user always sees which key is wrong (``ValueError: model.expert.depth: ...``).
 
 from __future__ import annotations
 
+import contextlib
 import types
 import typing
 from dataclasses import dataclass, field, fields, is_dataclass, replace
@@ -404,10 +405,8 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
         return value
     if tp is float:
         if isinstance(value, str):  # YAML 1.1 reads "1e-4" as a string
-            try:
+            with contextlib.suppress(ValueError):
                 value = float(value)
-            except ValueError:
-                pass
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise ConfigError(key, f"expected a number, got {value!r}")
         return float(value)
