@@ -320,13 +320,13 @@ def tiny() -> Config:
 
 
 def small() -> Config:
-    """About 100M parameters: a ViT-S/16-like encoder, a 12-layer 640-wide VLM, a 384-wide expert."""
-    d = DecoderConfig(width=640, depth=12, heads=8, kv_heads=2, head_dim=80, mlp_dim=2560, vocab_size=32000)
+    """About 100M parameters: a ViT-S/16-like encoder, a 12-layer 512-wide VLM, a 256-wide expert."""
+    d = DecoderConfig(width=512, depth=12, heads=8, kv_heads=2, head_dim=64, mlp_dim=2048, vocab_size=32000)
     return Config(
         model=ModelConfig(
             vision=VisionConfig(image_size=224, patch_size=16, width=384, depth=12, heads=6, mlp_dim=1536),
             vlm=d,
-            expert=replace(d, width=384, mlp_dim=1536, vocab_size=1),
+            expert=replace(d, width=256, mlp_dim=1024, vocab_size=1),
             action_horizon=50,
             action_dim=32,
             state_dim=32,

@@ -1,0 +1,133 @@
+"""LeRobot v3.0 on-disk layout: paths, default features, parquet schemas (shared by writer/reader).
+
+meta/info.json, meta/stats.json, meta/tasks.parquet
+meta/episodes/chunk-XXX/file-YYY.parquet   one row per episode
+data/chunk-XXX/file-YYY.parquet            frames of many episodes
+videos/<key>/chunk-XXX/file-YYY.mp4        episodes concatenated
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+CODEBASE_VERSION = "v3.0"
+CHUNKS_SIZE = 1000
+DATA_FILE_SIZE_MB = 100
+VIDEO_FILE_SIZE_MB = 500
+INFO_PATH = "meta/info.json"
+STATS_PATH = "meta/stats.json"
+TASKS_PATH = "meta/tasks.parquet"
+CHUNK_FILE = "chunk-{chunk_index:03d}/file-{file_index:03d}"
+EPISODES_PATH = "meta/episodes/" + CHUNK_FILE + ".parquet"
+DATA_PATH = "data/" + CHUNK_FILE + ".parquet"
+VIDEO_PATH = "videos/{video_key}/" + CHUNK_FILE + ".mp4"
+
+DEFAULT_FEATURES: dict[str, dict[str, Any]] = {
+    "timestamp": {"dtype": "float32", "shape": [1], "names": None},
+    "frame_index": {"dtype": "int64", "shape": [1], "names": None},
+    "episode_index": {"dtype": "int64", "shape": [1], "names": None},
+    "index": {"dtype": "int64", "shape": [1], "names": None},
+    "task_index": {"dtype": "int64", "shape": [1], "names": None},
+}
+NUMERIC = ("float32", "float64", "int64", "int32", "int16", "int8", "uint8", "bool")
+
+
+def next_chunk_file(chunk: int, file: int, chunks_size: int = CHUNKS_SIZE) -> tuple[int, int]:
+    return (chunk + 1, 0) if file == chunks_size - 1 else (chunk, file + 1)
+
+
+def arrow_type(ft: dict[str, Any]) -> pa.DataType:
+    """Arrow type of one data-parquet column, matching what HF `datasets` writes for lerobot."""
+    dt = ft["dtype"]
+    if dt == "image":
+        return pa.struct([("bytes", pa.binary()), ("path", pa.string())])
+    if dt == "string":
+        return pa.string()
+    if dt not in NUMERIC:
+        raise ValueError(f"unsupported feature dtype {dt!r}")
+    base = pa.from_numpy_dtype(dt) if dt != "bool" else pa.bool_()
+    shape = list(ft["shape"])
+    if shape == [1]:
+        return base
+    if len(shape) != 1:
+        raise ValueError(f"only 1-D numeric features are supported in parquet, got shape {shape}")
+    return pa.list_(base, shape[0])
+
+
+def hf_feature(ft: dict[str, Any]) -> dict[str, Any]:
+    """The `datasets` feature spec stored in parquet metadata, so `datasets` restores the types."""
+    dt = ft["dtype"]
+    if dt == "image":
+        return {"_type": "Image"}
+    value = {"dtype": dt, "_type": "Value"}
+    if list(ft["shape"]) == [1]:
+        return value
+    return {"feature": value, "length": int(ft["shape"][0]), "_type": "Sequence"}
+
+
+def data_schema(features: dict[str, dict[str, Any]]) -> pa.Schema:
+    cols = {k: ft for k, ft in features.items() if ft["dtype"] != "video"}
+    meta = {"huggingface": json.dumps({"info": {"features": {k: hf_feature(f) for k, f in cols.items()}}})}
+    return pa.schema([(k, arrow_type(f)) for k, f in cols.items()], metadata=meta)
+
+
+def tasks_table(tasks: list[str]) -> pa.Table:
+    """tasks.parquet as pandas writes a DataFrame indexed by task: lerobot reads `.index` as the text."""
+    pandas_meta = {
+        "index_columns": ["task"],
+        "column_indexes": [
+            {"name": None, "field_name": None, "pandas_type": "unicode", "numpy_type": "object",
+             "metadata": {"encoding": "UTF-8"}}
+        ],
+        "columns": [
+            {"name": "task_index", "field_name": "task_index", "pandas_type": "int64",
+             "numpy_type": "int64", "metadata": None},
+            {"name": "task", "field_name": "task", "pandas_type": "unicode", "numpy_type": "object",
+             "metadata": None},
+        ],
+        "creator": {"library": "pyarrow", "version": pa.__version__},
+        "pandas_version": "2.2.3",
+    }  # fmt: skip
+    schema = pa.schema(
+        [("task_index", pa.int64()), ("task", pa.string())], {"pandas": json.dumps(pandas_meta)}
+    )
+    return pa.table({"task_index": list(range(len(tasks))), "task": tasks}, schema=schema)
+
+
+def read_parquet(path: Path, columns: list[str] | None = None) -> pa.Table:
+    """Read a parquet file; a missing/truncated/corrupt file is a ValueError naming it."""
+    if not path.is_file():
+        raise ValueError(f"{path}: file is missing")
+    try:
+        return pq.read_table(path, columns=columns)
+    except (pa.ArrowInvalid, pa.ArrowException, OSError) as e:
+        raise ValueError(f"{path}: corrupt or truncated parquet ({e})") from None
+
+
+def load_info(root: Path) -> dict[str, Any]:
+    p = root / INFO_PATH
+    if not p.is_file():
+        raise ValueError(f"{root}: not a LeRobot dataset ({INFO_PATH} is missing)")
+    try:
+        info = json.loads(p.read_text())
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{p}: invalid JSON ({e})") from None
+    version = str(info.get("codebase_version", ""))
+    if not version.startswith("v3"):
+        raise ValueError(f"{p}: codebase_version {version!r} is not supported (need v3.x)")
+    for k in ("fps", "features", "data_path"):
+        if k not in info:
+            raise ValueError(f"{p}: missing key {k!r}")
+    return info
+
+
+def write_json_atomic(path: Path, data: Any) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(data, indent=4, ensure_ascii=False))
+    tmp.replace(path)

@@ -1,0 +1,90 @@
+"""Image transforms in plain torch, uint8 in and out, on any device (no torchvision).
+
+All take images [..., 3, H, W] uint8 (leading dims are flattened into a batch) and an optional
+``torch.Generator`` on the images' device for reproducible randomness. Each image in a batch gets
+its own random crop / jitter. Arithmetic is float32 internally; results are rounded back to uint8.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+
+def _flat(images: Tensor) -> tuple[Tensor, tuple[int, ...]]:
+    if images.dim() < 3 or images.shape[-3] != 3:
+        raise ValueError(f"images must be [..., 3, H, W], got {tuple(images.shape)}")
+    lead = tuple(images.shape[:-3])
+    return images.reshape(-1, *images.shape[-3:]), lead
+
+
+def _to_uint8(x: Tensor) -> Tensor:
+    return x.round_().clamp_(0, 255).to(torch.uint8)
+
+
+def resize(images: Tensor, size: int | tuple[int, int]) -> Tensor:
+    """Bilinear (antialiased when shrinking) resize to ``size`` = (H, W) or a square side."""
+    h, w = (size, size) if isinstance(size, int) else size
+    x, lead = _flat(images)
+    if x.shape[-2:] == (h, w):
+        return images
+    out = F.interpolate(x.float(), size=(h, w), mode="bilinear", align_corners=False, antialias=True)
+    return _to_uint8(out).reshape(*lead, 3, h, w)
+
+
+def random_resized_crop(
+    images: Tensor,
+    scale: tuple[float, float] = (0.9, 1.0),
+    size: int | tuple[int, int] | None = None,
+    generator: torch.Generator | None = None,
+) -> Tensor:
+    """Crop a random box covering ``scale`` of the area (same aspect ratio), resize to ``size``.
+
+    One ``grid_sample`` call for the whole batch, so it is cheap on a GPU.
+    """
+    x, lead = _flat(images)
+    n, _, h, w = x.shape
+    oh, ow = (h, w) if size is None else ((size, size) if isinstance(size, int) else size)
+    dev = x.device
+    area = torch.empty(n, device=dev).uniform_(scale[0], scale[1], generator=generator)
+    side = area.sqrt()  # fraction of width and height kept
+    cx = (torch.rand(n, device=dev, generator=generator) * 2 - 1) * (1 - side)
+    cy = (torch.rand(n, device=dev, generator=generator) * 2 - 1) * (1 - side)
+    theta = torch.zeros(n, 2, 3, device=dev)
+    theta[:, 0, 0], theta[:, 1, 1], theta[:, 0, 2], theta[:, 1, 2] = side, side, cx, cy
+    grid = F.affine_grid(theta, [n, 3, oh, ow], align_corners=False)
+    out = F.grid_sample(x.float(), grid, mode="bilinear", padding_mode="border", align_corners=False)
+    return _to_uint8(out).reshape(*lead, 3, oh, ow)
+
+
+def color_jitter(images: Tensor, strength: float, generator: torch.Generator | None = None) -> Tensor:
+    """Random brightness, contrast and saturation factors in [1 - strength, 1 + strength]."""
+    if strength <= 0:
+        return images
+    x, lead = _flat(images)
+    n = x.shape[0]
+    x = x.float()
+
+    def factor() -> Tensor:
+        f = torch.empty(n, 1, 1, 1, device=x.device).uniform_(1 - strength, 1 + strength, generator=generator)
+        return f
+
+    x = x * factor()
+    gray = (0.299 * x[:, 0:1] + 0.587 * x[:, 1:2] + 0.114 * x[:, 2:3]).clamp(0, 255)
+    mean = gray.mean(dim=(-2, -1), keepdim=True)
+    x = (x - mean) * factor() + mean
+    gray = 0.299 * x[:, 0:1] + 0.587 * x[:, 1:2] + 0.114 * x[:, 2:3]
+    x = (x - gray) * factor() + gray
+    return _to_uint8(x).reshape(*lead, *images.shape[-3:])
+
+
+def augment(
+    images: Tensor, crop_scale: float = 1.0, jitter: float = 0.0, generator: torch.Generator | None = None
+) -> Tensor:
+    """The training augmentation of ``cfg.data``: random crop (area in [crop_scale, 1]) + jitter."""
+    if crop_scale < 1.0:
+        images = random_resized_crop(images, (crop_scale, 1.0), generator=generator)
+    if jitter > 0:
+        images = color_jitter(images, jitter, generator=generator)
+    return images

@@ -1,0 +1,175 @@
+"""Pi0 flow-matching action head (openpi convention: t=1 is noise, t=0 is data).
+
+Suffix tokens = [state token, H action tokens], embedded by the action expert's input layers.
+Block-causal mask: prefix (images + text) bidirectional; the state token starts a block; the action
+tokens form the last block. Training regresses the velocity u = eps - a at x_t = t*eps + (1-t)*a.
+Sampling runs the prefix once into a static KV cache, then N Euler steps over the suffix only.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from vlastack.batch import Batch
+from vlastack.config import ModelConfig
+from vlastack.nn.attention import block_causal_mask
+from vlastack.nn.kv_cache import StaticKVCache
+
+if TYPE_CHECKING:
+    from vlastack.models.vla import VLA
+
+
+def sincos_time_embedding(t: Tensor, dim: int, min_period: float, max_period: float) -> Tensor:
+    """t [B] in [0, 1] -> fp32 [B, dim] (sin half, cos half), periods log-spaced in [min, max]."""
+    assert dim % 2 == 0
+    fraction = torch.linspace(0.0, 1.0, dim // 2, dtype=torch.float32, device=t.device)
+    period = min_period * (max_period / min_period) ** fraction
+    angle = t.float()[:, None] * (2 * math.pi / period)[None]
+    return torch.cat([angle.sin(), angle.cos()], dim=-1)
+
+
+def sample_time(batch_size: int, device: torch.device, generator: torch.Generator | None = None) -> Tensor:
+    """t ~ Beta(1.5, 1) scaled into [0.001, 1]. Beta(a, 1) has CDF x^a, so x = U^(1/a). -> [B]."""
+    u = torch.rand(batch_size, device=device, generator=generator)
+    return u.pow(1.0 / 1.5) * 0.999 + 0.001
+
+
+class FlowHead(nn.Module):
+    """Action-expert input/output layers plus the flow-matching loss and Euler sampler."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        w = cfg.expert.width
+        self.state_proj = nn.Linear(cfg.state_dim, w)
+        self.action_in_proj = nn.Linear(cfg.action_dim, w)
+        self.action_time_mlp_in = nn.Linear(2 * w, w)
+        self.action_time_mlp_out = nn.Linear(w, w)
+        self.action_out_proj = nn.Linear(w, cfg.action_dim)
+
+    @property
+    def suffix_len(self) -> int:
+        return 1 + self.cfg.action_horizon
+
+    def suffix_block_starts(self, device: torch.device) -> Tensor:
+        """[1 + H] bool: the state token and the first action token each start a block."""
+        starts = torch.zeros(self.suffix_len, dtype=torch.bool, device=device)
+        starts[:2] = True
+        return starts
+
+    def embed_suffix(self, state: Tensor, x_t: Tensor, t: Tensor) -> Tensor:
+        """state [B, S], x_t [B, H, A], t [B] -> suffix tokens [B, 1 + H, We]."""
+        c = self.cfg
+        state_tok = self.state_proj(state)[:, None]
+        act = self.action_in_proj(x_t)
+        temb = sincos_time_embedding(t, c.expert.width, c.time_min_period, c.time_max_period)
+        temb = temb[:, None].expand(-1, c.action_horizon, -1).to(act.dtype)
+        h = self.action_time_mlp_out(F.silu(self.action_time_mlp_in(torch.cat([act, temb], dim=-1))))
+        return torch.cat([state_tok.to(h.dtype), h], dim=1)
+
+    def velocity_full(
+        self, vla: VLA, prefix: Tensor, prefix_pad: Tensor, state: Tensor, x_t: Tensor, t: Tensor
+    ) -> Tensor:
+        """Uncached: prefix + suffix through the joint decoder. -> v fp32 [B, H, A]."""
+        b, p = prefix_pad.shape
+        suffix = self.embed_suffix(state, x_t, t)
+        pad = torch.cat([prefix_pad, prefix_pad.new_ones(b, self.suffix_len)], dim=1)
+        starts = torch.cat([prefix_pad.new_zeros(p), self.suffix_block_starts(prefix.device)])
+        mask = block_causal_mask(pad, starts)
+        positions = pad.long().cumsum(-1) - 1
+        _, out = vla.decoder([prefix, suffix], positions, mask, vlm_output=False)
+        return self.action_out_proj(out[:, 1:]).float()
+
+    def loss(
+        self, vla: VLA, batch: Batch, noise: Tensor | None = None, time: Tensor | None = None
+    ) -> dict[str, Tensor]:
+        """Flow-matching MSE over real (unpadded) steps and dims. -> {"loss": scalar fp32, ...}."""
+        actions = batch["actions"].float()
+        b = actions.shape[0]
+        eps = torch.randn_like(actions) if noise is None else noise.float()
+        t = sample_time(b, actions.device) if time is None else time.float()
+        x_t = t[:, None, None] * eps + (1 - t[:, None, None]) * actions
+        u = eps - actions
+        prefix, prefix_pad = vla.embed_prefix(batch)
+        v = self.velocity_full(vla, prefix, prefix_pad, batch["state"], x_t, t)
+        weight = (~batch["action_is_pad"])[:, :, None] & batch["action_dim_mask"][:, None, :]
+        weight = weight.float()
+        se = (v - u).pow(2) * weight
+        loss = se.sum() / weight.sum().clamp(min=1.0)
+        return {"loss": loss, "mse_per_sample": se.sum((1, 2)) / weight.sum((1, 2)).clamp(min=1.0)}
+
+    # ------------------------------------------------------------------ sampling
+
+    def step_mask(self, prefix_pad: Tensor) -> Tensor:
+        """Mask for suffix queries over the cache slots [prefix | suffix]: bool [B, 1, 1+H, P+1+H]."""
+        b, p = prefix_pad.shape
+        s = self.suffix_len
+        suffix = block_causal_mask(prefix_pad.new_ones(b, s), self.suffix_block_starts(prefix_pad.device))
+        return torch.cat([prefix_pad[:, None, None, :].expand(b, 1, s, p), suffix], dim=-1)
+
+    def prefill(self, vla: VLA, batch: Batch) -> tuple[StaticKVCache, Tensor, Tensor]:
+        """Run the prefix once into a fresh static cache. -> (cache, step positions [B, 1+H], step mask)."""
+        prefix, prefix_pad = vla.embed_prefix(batch)
+        b, p = prefix_pad.shape
+        cache = vla.decoder.new_cache(b, p + self.suffix_len, prefix.dtype, prefix.device)
+        positions = prefix_pad.long().cumsum(-1) - 1
+        mask = block_causal_mask(prefix_pad, prefix_pad.new_zeros(p))
+        vla.decoder(
+            [prefix, None], positions, mask, cache=cache, cache_pos=0, attend_cache=False, vlm_output=False
+        )
+        n_valid = prefix_pad.long().sum(-1, keepdim=True)  # [B, 1]
+        step_positions = n_valid + torch.arange(self.suffix_len, device=prefix.device)[None]
+        return cache, step_positions, self.step_mask(prefix_pad)
+
+    def denoise_step(
+        self,
+        vla: VLA,
+        cache: StaticKVCache,
+        state: Tensor,
+        x_t: Tensor,
+        t: Tensor,
+        positions: Tensor,
+        mask: Tensor,
+    ) -> Tensor:
+        """One velocity evaluation against the cached prefix. x_t [B, H, A], t [B] -> v fp32 [B, H, A].
+
+        Only the 1+H suffix tokens run; their k/v overwrite the cache's suffix slots by index.
+        """
+        suffix = self.embed_suffix(state, x_t, t)
+        p = cache.max_len - self.suffix_len
+        _, out = vla.decoder([None, suffix], positions, mask, cache=cache, cache_pos=p, attend_cache=True)
+        return self.action_out_proj(out[:, 1:]).float()
+
+    def sample(
+        self, vla: VLA, batch: Batch, noise: Tensor | None = None, num_steps: int | None = None
+    ) -> Tensor:
+        """Euler integration from t=1 (noise) to t=0. -> normalized actions fp32 [B, H, A].
+
+        Fixed shapes and no host syncs: compilable without graph breaks (the loop unrolls).
+        """
+        c = self.cfg
+        n = num_steps or c.num_denoise_steps
+        b = batch["state"].shape[0]
+        device = batch["state"].device
+        x = torch.randn(b, c.action_horizon, c.action_dim, device=device) if noise is None else noise.float()
+        cache, positions, mask = self.prefill(vla, batch)
+        dt = -1.0 / n
+        for i in range(n):
+            t = torch.full((b,), 1.0 + i * dt, device=device)
+            x = x + dt * self.denoise_step(vla, cache, batch["state"], x, t, positions, mask)
+        return x
+
+    def sample_uncached(self, vla: VLA, batch: Batch, noise: Tensor, num_steps: int | None = None) -> Tensor:
+        """Reference sampler that recomputes the whole sequence every step (for tests). -> [B, H, A]."""
+        n = num_steps or self.cfg.num_denoise_steps
+        prefix, prefix_pad = vla.embed_prefix(batch)
+        x, dt = noise.float(), -1.0 / n
+        for i in range(n):
+            t = torch.full((x.shape[0],), 1.0 + i * dt, device=x.device)
+            x = x + dt * self.velocity_full(vla, prefix, prefix_pad, batch["state"], x, t)
+        return x

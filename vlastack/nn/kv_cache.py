@@ -1,0 +1,46 @@
+"""A pre-allocated, fixed-shape key/value cache written by index.
+
+Shapes never change after allocation, so a compiled sampler or decode step sees static shapes
+(no ``torch.cat`` growth) and can be captured in a CUDA graph. Attention always reads the whole
+buffer; the caller's mask hides slots that are not filled yet.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+
+class StaticKVCache:
+    """k, v: [layers, B, kv_heads, max_len, head_dim]."""
+
+    def __init__(
+        self,
+        num_layers: int,
+        batch_size: int,
+        kv_heads: int,
+        max_len: int,
+        head_dim: int,
+        dtype: torch.dtype,
+        device: torch.device | str,
+    ) -> None:
+        shape = (num_layers, batch_size, kv_heads, max_len, head_dim)
+        self.k = torch.zeros(shape, dtype=dtype, device=device)
+        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        self.max_len = max_len
+
+    def update(self, layer: int, k: Tensor, v: Tensor, pos: int | Tensor) -> tuple[Tensor, Tensor]:
+        """Write k/v [B, kv_heads, T, D] at ``pos`` (int start, or LongTensor [T] of slots).
+
+        Returns this layer's full buffers [B, kv_heads, max_len, D].
+        """
+        kc, vc = self.k[layer], self.v[layer]
+        if isinstance(pos, int):
+            t = k.shape[2]
+            assert pos + t <= self.max_len, f"cache overflow: {pos}+{t} > {self.max_len}"
+            kc[:, :, pos : pos + t] = k.to(kc.dtype)
+            vc[:, :, pos : pos + t] = v.to(vc.dtype)
+        else:
+            kc.index_copy_(2, pos, k.to(kc.dtype))
+            vc.index_copy_(2, pos, v.to(vc.dtype))
+        return kc, vc

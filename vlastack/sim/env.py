@@ -1,0 +1,129 @@
+"""Gymnasium environments for the built-in suite, and the suite registry.
+
+    env = make_env("pick_place", image_size=64, cameras=("scene", "wrist"), seed=0)
+    obs, info = env.reset(seed=0)   # obs = {"images": {"scene": uint8 [H,W,3], ...},
+                                    #        "state": float32 [5], "prompt": str}
+    obs, reward, terminated, truncated, info = env.step(np.zeros(4, np.float32))
+
+Actions are float32 [4] = (dx, dy, dz, grip): dx..dz are clipped to [-1, 1] and move the gripper
+by up to ``MAX_DELTA`` = 3 cm per step (10 Hz control, 20 physics substeps); grip > 0 closes.
+An episode terminates on success (reward 1) and is truncated at the task's step limit.
+
+Privileged hook: ``env.expert_action()`` is the scripted expert's next action. Policies that set
+``needs_env = True`` (``ExpertPolicy``) receive the env from the evaluator to call it.
+"""
+
+from __future__ import annotations
+
+import gymnasium as gym
+import numpy as np
+from gymnasium import spaces
+
+from vlastack.sim.scene import ACTION_DIM, CONTROL_HZ, EE_HOME, STATE_DIM, SimCore
+from vlastack.sim.tasks import TASKS
+
+SUITES: dict[str, tuple[str, ...]] = {"builtin": ("reach", "push", "pick_place", "stack")}
+
+
+def suite_tasks(suite: str, tasks: tuple[str, ...] | list[str] = ()) -> tuple[str, ...]:
+    """Task names of ``suite`` (all of them, or the named subset, checked)."""
+    if suite == "metaworld":
+        from vlastack.sim.metaworld import MT10
+
+        known = MT10
+    elif suite in SUITES:
+        known = SUITES[suite]
+    else:
+        raise ValueError(f"unknown suite {suite!r}; choose from {', '.join([*SUITES, 'metaworld'])}")
+    if not tasks:
+        return tuple(known)
+    bad = [t for t in tasks if t not in known and suite != "metaworld"]
+    if bad:
+        raise ValueError(f"unknown task(s) {bad} in suite {suite!r}; known: {', '.join(known)}")
+    return tuple(tasks)
+
+
+class BuiltinEnv(gym.Env):
+    """One task family of the built-in suite (see module docstring for the interface)."""
+
+    metadata = {"render_modes": ["rgb_array"], "render_fps": CONTROL_HZ}
+
+    def __init__(
+        self,
+        task: str,
+        image_size: int = 64,
+        cameras: tuple[str, ...] | list[str] = ("scene", "wrist"),
+        max_steps: int | None = None,
+    ):
+        if task not in TASKS:
+            raise ValueError(f"unknown built-in task {task!r}; choose from {', '.join(TASKS)}")
+        if image_size < 16:
+            raise ValueError(f"image_size must be >= 16, got {image_size}")
+        self.task_name = task
+        self.core = SimCore(image_size, tuple(cameras))
+        self.task = TASKS[task](self.core)
+        self.max_steps = int(max_steps or self.task.max_steps)
+        img = spaces.Box(0, 255, (image_size, image_size, 3), np.uint8)
+        self.observation_space = spaces.Dict(
+            {
+                "images": spaces.Dict({c: img for c in self.core.cameras}),
+                "state": spaces.Box(-np.inf, np.inf, (STATE_DIM,), np.float32),
+                "prompt": spaces.Text(256),
+            }
+        )
+        self.action_space = spaces.Box(-1.0, 1.0, (ACTION_DIM,), np.float32)
+        self.prompt = ""
+        self.t = 0
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None):
+        super().reset(seed=seed)
+        rng = self.np_random
+        self.core.reset(EE_HOME + rng.uniform([-0.03, -0.03, -0.02], [0.03, 0.03, 0.02]))
+        self.prompt = self.task.reset(rng)
+        self.core.step(np.array([0, 0, 0, -1], np.float32))  # let objects settle on the table
+        self.t = 0
+        return self._obs(), {"task": self.task_name, "success": False}
+
+    def step(self, action):
+        a = np.asarray(action, dtype=np.float32).reshape(-1)
+        if a.shape != (ACTION_DIM,) or not np.all(np.isfinite(a)):
+            raise ValueError(f"action must be {ACTION_DIM} finite floats, got {np.asarray(action)!r}")
+        self.core.step(a)
+        self.t += 1
+        ok = self.task.success()
+        truncated = self.t >= self.max_steps and not ok
+        return self._obs(), float(ok), ok, truncated, {"task": self.task_name, "success": ok}
+
+    def expert_action(self) -> np.ndarray:
+        """The scripted expert's next action (privileged: reads simulator state)."""
+        return self.task.expert()
+
+    def render(self) -> np.ndarray:
+        return self.core.render()[self.core.cameras[0]]
+
+    def _obs(self) -> dict:
+        return {"images": self.core.render(), "state": self.core.state(), "prompt": self.prompt}
+
+    def close(self) -> None:
+        self.core.close()
+
+
+def make_env(
+    task_name: str,
+    image_size: int = 64,
+    cameras: tuple[str, ...] | list[str] = ("scene", "wrist"),
+    seed: int | None = None,
+    suite: str = "builtin",
+):
+    """Build one env of ``suite``. ``seed`` seeds the first ``reset`` if given."""
+    if suite == "metaworld":
+        from vlastack.sim.metaworld import MetaWorldEnv
+
+        env = MetaWorldEnv(task_name, image_size=image_size, cameras=cameras)
+    elif suite == "builtin":
+        env = BuiltinEnv(task_name, image_size=image_size, cameras=cameras)
+    else:
+        raise ValueError(f"unknown suite {suite!r}; choose from builtin, metaworld")
+    if seed is not None:
+        env.reset(seed=seed)
+    return env

@@ -1,0 +1,62 @@
+"""Headless OpenGL backend selection for MuJoCo rendering.
+
+MuJoCo reads ``MUJOCO_GL`` once, when ``mujoco`` is first imported, so every sim module calls
+:func:`ensure_gl_backend` before ``import mujoco``. When the user has not set ``MUJOCO_GL`` we probe
+EGL, then OSMesa, each in a fresh subprocess (a failed GL init can leave the current process in a
+bad state), and export the first that renders. Worker processes inherit the choice through the
+environment, so the probe runs once per process tree.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+_PROBE = (
+    "import mujoco, numpy as np\n"
+    'm = mujoco.MjModel.from_xml_string(\'<mujoco><worldbody><light pos="0 0 1"/>'
+    '<geom type="sphere" size=".1" rgba="1 0 0 1"/></worldbody></mujoco>\')\n'
+    "d = mujoco.MjData(m); mujoco.mj_forward(m, d)\n"
+    "r = mujoco.Renderer(m, 16, 16); r.update_scene(d); img = r.render(); r.close()\n"
+    "assert img.max() > 0\n"
+)
+BACKENDS = ("egl", "osmesa")
+
+
+def probe_backend(name: str, timeout_s: float = 60.0) -> bool:
+    """True if MuJoCo renders a frame with ``MUJOCO_GL=name`` in a fresh Python process."""
+    env = dict(os.environ, MUJOCO_GL=name, PYOPENGL_PLATFORM=name)
+    try:
+        res = subprocess.run(
+            [sys.executable, "-c", _PROBE], env=env, capture_output=True, timeout=timeout_s, check=False
+        )
+    except (subprocess.TimeoutExpired, OSError):
+        return False
+    return res.returncode == 0
+
+
+def ensure_gl_backend() -> str:
+    """Set ``MUJOCO_GL`` (egl, else osmesa) if unset; returns the backend in use.
+
+    Also defaults llvmpipe (Mesa's CPU rasterizer) to render on the calling thread: for 64-224 px
+    frames its worker threads cost more than they save, and evaluation already runs one process
+    per core.
+    """
+    os.environ.setdefault("LP_NUM_THREADS", "0")
+    chosen = os.environ.get("MUJOCO_GL", "").strip().lower()
+    if chosen:
+        return chosen
+    if "mujoco" in sys.modules:
+        # Too late to change it for this process; MuJoCo already picked its default.
+        return ""
+    for name in BACKENDS:
+        if probe_backend(name):
+            os.environ["MUJOCO_GL"] = name
+            os.environ.setdefault("PYOPENGL_PLATFORM", name)
+            return name
+    raise RuntimeError(
+        "no headless OpenGL backend works: tried MUJOCO_GL=egl and MUJOCO_GL=osmesa. "
+        "Install one, e.g. `apt-get install -y libosmesa6` (scripts/setup.sh does this), or "
+        "`apt-get install -y libegl1`, then retry."
+    )
