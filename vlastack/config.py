@@ -96,7 +96,11 @@ class DecoderConfig:
 
 @dataclass(frozen=True)
 class TokenHeadConfig:
-    """Discrete action tokens (RT-2/OpenVLA bins, FAST). Used when ``model.head == 'tokens'``."""
+    """Discrete action tokens (RT-2/OpenVLA bins, FAST). Used when ``model.head == 'tokens'``.
+
+    Tokenizers need actions in [-1, 1]: train token heads with ``data.norm.action=quantiles``.
+    ``decoding='parallel'`` (OpenVLA-OFT) needs the fixed-length ``tokenizer='bins'``.
+    """
 
     tokenizer: str = "bins"  # bins | fast
     num_bins: int = 256
@@ -107,8 +111,18 @@ class TokenHeadConfig:
     decoding: str = "autoregressive"  # autoregressive | parallel
     temperature: float = 0.0
     regression_head: bool = False  # OFT-style L1 head for parallel decoding
+    # The state enters the prompt as one continuous token (a Linear into the VLM width) or, as in
+    # pi05, as one discrete token per dim (``state_bins`` uniform bins over [-1, 1]).
+    state_input: str = "continuous"  # continuous | discrete
+    state_bins: int = 256
 
     def __post_init__(self) -> None:
+        _check(
+            self.state_input in ("continuous", "discrete"),
+            "state_input",
+            f"must be 'continuous' or 'discrete', got {self.state_input!r}",
+        )
+        _check(self.state_bins >= 2, "state_bins", f"must be >= 2, got {self.state_bins}")
         _check(
             self.tokenizer in ("bins", "fast"),
             "tokenizer",
@@ -126,6 +140,16 @@ class TokenHeadConfig:
         )
         _positive(self, "num_bins", "fast_scale", "fast_vocab_size", "max_action_tokens")
         _check(self.temperature >= 0, "temperature", f"must be >= 0, got {self.temperature}")
+        _check(
+            self.decoding != "parallel" or self.tokenizer == "bins",
+            "decoding",
+            "parallel decoding predicts a fixed number of tokens: it needs tokenizer='bins', not 'fast'",
+        )
+        _check(
+            not self.regression_head or self.decoding == "parallel",
+            "regression_head",
+            "the L1 regression head reads the parallel action positions: set decoding='parallel'",
+        )
 
 
 @dataclass(frozen=True)
@@ -244,9 +268,14 @@ class TrainConfig:
     eval_every: int = 0  # 0 = off
     max_bad_steps: int = 5
     out_dir: str = "runs/train"
+    preload: bool = False  # decode the whole dataset into memory once (small datasets)
+    init_from: str = ""  # a model folder (save_pretrained) to start from, e.g. for LoRA
+    num_threads: int = 0  # torch CPU threads; 0 = torch's default
 
     def __post_init__(self) -> None:
         _positive(self, "steps", "batch_size", "grad_accum", "log_every", "save_every", "keep_last")
+        _check(self.max_bad_steps >= 1, "max_bad_steps", "must be >= 1")
+        _check(self.num_threads >= 0, "num_threads", "must be >= 0 (0 = default)")
         _check(self.lr >= 0, "lr", "must be >= 0")
         _check(
             self.precision in ("fp32", "bf16", "fp16"),

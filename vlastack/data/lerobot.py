@@ -14,6 +14,7 @@ PNG bytes inline in the data parquet (``{"bytes", "path"}`` structs, as `dataset
 
 from __future__ import annotations
 
+import contextlib
 import io
 import shutil
 from pathlib import Path
@@ -318,10 +319,8 @@ class LeRobotWriter:
         if self._data_writer is not None:
             self._data_writer.close()
         for enc in self._videos.values():
-            try:
+            with contextlib.suppress(Exception):  # the files are deleted anyway
                 enc.close()
-            except Exception:  # the files are deleted anyway
-                pass
         shutil.rmtree(self.stage, ignore_errors=True)
         self._closed = True
 

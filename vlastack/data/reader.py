@@ -35,7 +35,10 @@ def decode_image_bytes(data: bytes, size: tuple[int, int] | None = None) -> np.n
         im = im.convert("RGB")
         if size is not None and im.size != (size[1], size[0]):
             im = im.resize((size[1], size[0]), Image.BILINEAR)
-        return np.asarray(im)
+        return np.array(im)  # writable: torch.from_numpy needs it
+
+
+_FORK_ORPHANS: list[Any] = []
 
 
 class LeRobotDataset:
@@ -195,7 +198,10 @@ class LeRobotDataset:
         return s, s + int(self.episodes[k]["length"])
 
     def _reader(self, key: str, e: dict) -> VideoReader:
-        if self._pid != os.getpid():  # forked into a worker: never share decoder state
+        if self._pid != os.getpid():
+            # Forked into a worker: never share decoder state, and never close the parent's
+            # decoders here (tearing down libav state inherited over fork can deadlock).
+            _FORK_ORPHANS.append(self._readers)
             self._readers, self._pid = {}, os.getpid()
         c, f = int(e[f"videos/{key}/chunk_index"]), int(e[f"videos/{key}/file_index"])
         path = self.root / self.info["video_path"].format(video_key=key, chunk_index=c, file_index=f)

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import av
 import numpy as np
+from av.video.reformatter import VideoReformatter
 
 
 def pick_codec(preferred: str | None = None) -> str:
@@ -40,11 +41,12 @@ class VideoEncoder:
         self.stream = self.container.add_stream(self.codec, rate=Fraction(fps).limit_denominator(1001))
         self.stream.width, self.stream.height = width, height
         self.stream.pix_fmt = "yuv420p"
-        self.stream.codec_context.time_base = Fraction(1, int(round(fps)))
+        self.stream.codec_context.time_base = Fraction(1, fps)
         opts = {"g": str(gop), "bf": "0"}
         if self.codec == "libx264":
-            # No scene-cut keyframes: GOPs stay exactly `gop` long. crf 23 is visually lossless here.
-            opts.update(crf="23", preset="veryfast", **{"x264-params": "scenecut=0"})
+            # No scene-cut keyframes: GOPs stay exactly `gop` long. fastdecode (no CABAC/deblock)
+            # decodes ~40% faster for ~40% more bytes: training reads each frame many times.
+            opts.update(crf="23", preset="veryfast", tune="fastdecode", **{"x264-params": "scenecut=0"})
         elif self.codec == "libsvtav1":
             opts.update(crf="30", preset="12")
         self.stream.options = opts
@@ -108,6 +110,7 @@ class VideoReader:
         self._last_pts = None  # pts of the last frame the iterator produced
         self._cache: OrderedDict[int, av.VideoFrame] = OrderedDict()
         self._cache_size = cache_frames
+        self._reformatter = VideoReformatter()
 
     def __len__(self) -> int:
         return len(self.pts)
@@ -165,9 +168,10 @@ class VideoReader:
         frame = self._cache.get(int(self.pts[j]))
         if frame is None:
             frame = self._decode_to(j)
-        if size is not None and (frame.height, frame.width) != tuple(size):
-            return frame.to_ndarray(format="rgb24", height=size[0], width=size[1], interpolation="BILINEAR")
-        return frame.to_ndarray(format="rgb24")
+        h, w = size if size is not None else (None, None)
+        # One reformatter (= one cached SwsContext) per reader: a fresh one per frame costs ~1 ms.
+        rgb = self._reformatter.reformat(frame, width=w, height=h, format="rgb24", interpolation="BILINEAR")
+        return rgb.to_ndarray()
 
     def close(self) -> None:
         self._it = None

@@ -1,7 +1,72 @@
-"""Subcommands of this layer (see vlastack/cli.py)."""
+"""Subcommands of this layer (see vlastack/cli.py): ``vla serve`` and ``vla export``."""
 
 from __future__ import annotations
 
+import argparse
+import logging
+
+
+def _policy_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--policy", required=True, help="policy folder (model.safetensors, config.json, norm_stats.json)"
+    )
+    p.add_argument("--ema", action="store_true", help="use the ema/ weights")
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from vlastack.infer.policy import Policy
+    from vlastack.infer.server import PolicyServer, run
+
+    if args.max_batch < 1 or args.max_message_mb <= 0:
+        raise ValueError("--max-batch must be >= 1 and --max-message-mb > 0")
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    policy = Policy.from_pretrained(
+        args.policy, device=args.device, compile=args.compile, dtype=args.dtype, ema=args.ema
+    )
+    server = PolicyServer(
+        policy,
+        host=args.host,
+        port=args.port,
+        http_port=args.http_port,
+        token=args.token,
+        max_batch=args.max_batch,
+        max_message_bytes=int(args.max_message_mb * 2**20),
+    )
+    run(server)
+    return 0
+
+
+def _export(args: argparse.Namespace) -> int:
+    from vlastack.infer.export import export_policy
+    from vlastack.infer.policy import Policy
+
+    policy = Policy.from_pretrained(args.policy, device="cpu", ema=args.ema)
+    export_policy(policy, args.format, args.out, batch_size=args.batch_size, tol=args.tol)
+    return 0
+
 
 def register(sub, groups) -> None:
-    pass
+    p = sub.add_parser("serve", help="serve a policy (openpi websocket protocol + HTTP /act, /metrics)")
+    _policy_args(p)
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--host", default="127.0.0.1", help="bind address (default: loopback only)")
+    p.add_argument(
+        "--port", type=int, default=8000, help="websocket port (also answers GET /healthz, /metrics)"
+    )
+    p.add_argument(
+        "--http-port", type=int, default=None, help="HTTP port for POST /act (default: port+1; -1 = off)"
+    )
+    p.add_argument("--token", default=None, help="require 'Authorization: Bearer|Api-Key TOKEN'")
+    p.add_argument("--max-batch", type=int, default=8, help="observations per forward pass")
+    p.add_argument("--max-message-mb", type=float, default=16.0, help="largest accepted message")
+    p.add_argument("--compile", action="store_true", help="torch.compile the sampler")
+    p.add_argument("--dtype", default=None, choices=["fp32", "bf16"], help="bf16 = autocast")
+    p.set_defaults(func=_serve)
+
+    p = sub.add_parser("export", help="export the sampler: pt2 (AOTInductor) | onnx | torchscript")
+    _policy_args(p)
+    p.add_argument("--format", required=True, choices=["pt2", "onnx", "torchscript"])
+    p.add_argument("--out", required=True, help="output folder (artifact + policy.json sidecar)")
+    p.add_argument("--batch-size", type=int, default=1, help="static batch size of the artifact")
+    p.add_argument("--tol", type=float, default=1e-4, help="max abs difference from eager allowed")
+    p.set_defaults(func=_export)

@@ -103,6 +103,8 @@ class VLA(nn.Module):
         save_file(state, str(tmp), metadata={"format": "pt"})
         tmp.replace(path / WEIGHTS_NAME)
         (path / CONFIG_NAME).write_text(json.dumps({"model": to_dict(self.cfg)}, indent=2))
+        if hasattr(self.head, "save_extra"):  # e.g. the token head's action_tokenizer/
+            self.head.save_extra(path)
 
     @classmethod
     def from_pretrained(
@@ -125,7 +127,10 @@ class VLA(nn.Module):
             raise ValueError(
                 f"{path}: weights do not match the config: missing {missing[:5]}, unexpected {unexpected[:5]}"
             )
-        return model.to(device)
+        model = model.to(device)
+        if hasattr(model.head, "load_extra"):
+            model.head.load_extra(path)
+        return model
 
 
 def build_model(cfg: ModelConfig, device: str | torch.device = "cpu") -> VLA:

@@ -35,6 +35,8 @@ class StaticKVCache:
         Returns this layer's full buffers [B, kv_heads, max_len, D].
         """
         kc, vc = self.k[layer], self.v[layer]
+        if isinstance(pos, Tensor) and pos.dim() == 0:  # torch.jit.trace turns python ints into 0-d tensors
+            pos = int(pos)
         if isinstance(pos, int):
             t = k.shape[2]
             assert pos + t <= self.max_len, f"cache overflow: {pos}+{t} > {self.max_len}"

@@ -15,6 +15,8 @@ Privileged hook: ``env.expert_action()`` is the scripted expert's next action. P
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
@@ -46,7 +48,7 @@ def suite_tasks(suite: str, tasks: tuple[str, ...] | list[str] = ()) -> tuple[st
 class BuiltinEnv(gym.Env):
     """One task family of the built-in suite (see module docstring for the interface)."""
 
-    metadata = {"render_modes": ["rgb_array"], "render_fps": CONTROL_HZ}
+    metadata: ClassVar[dict] = {"render_modes": ["rgb_array"], "render_fps": CONTROL_HZ}
 
     def __init__(
         self,

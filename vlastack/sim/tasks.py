@@ -11,6 +11,8 @@ at where things are and returns the next action, so they recover from noise and 
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import numpy as np
 
 from vlastack.sim.scene import (
@@ -83,7 +85,7 @@ class Reach(Task):
     family = "reach"
     max_steps = 30
     phrasings = ("touch the {c} {s}", "reach the {c} {s}", "go to the {c} {s}", "point at the {c} {s}")
-    _pool = {
+    _pool: ClassVar[dict[str, tuple[str, ...]]] = {
         "block": ("block0", "block1", "block2"),
         "ball": ("ball0", "ball1"),
         "cylinder": ("cyl0", "cyl1"),
@@ -182,25 +184,30 @@ def _seg_dist(p: np.ndarray, a: np.ndarray, b: np.ndarray) -> float:
 
 
 def pick_place_action(core: SimCore, block: int, place_xy: np.ndarray, release_z: float) -> np.ndarray:
-    """Expert step for 'grasp ``block``, carry it above ``place_xy``, release at ``release_z``'."""
+    """Expert step for 'grasp ``block``, carry it above ``place_xy``, release at ``release_z``'.
+
+    Travels at a safe height, descends once roughly above the target while still correcting xy,
+    and grasps/releases only when close in xy and z (so noisy execution just delays it).
+    """
     ee, b = core.ee_pos, core.pos(f"block{block}")
     if core.held is not None and core.held != block:
-        return _toward(ee, ee + [0, 0, 0.02], -1.0)  # wrong block: drop it
+        return _toward(ee, ee + np.array([0.0, 0.0, 0.02]), -1.0)  # wrong block: drop it
     if core.held is None:
         dxy = np.linalg.norm(ee[:2] - b[:2])
-        if dxy > 0.008:
-            if ee[2] < HOVER_Z - 0.03 and dxy > 0.03:
+        if dxy > 0.02:
+            if ee[2] < HOVER_Z - 0.03 and dxy > 0.04:
                 return _toward(ee, np.array([ee[0], ee[1], HOVER_Z]), -1.0)
-            return _toward(ee, np.array([b[0], b[1], HOVER_Z if dxy > 0.03 else ee[2]]), -1.0)
-        grip = 1.0 if abs(ee[2] - b[2]) < 0.006 and not core.closed else -1.0
-        return _toward(ee, b, grip)
+            return _toward(ee, np.array([b[0], b[1], HOVER_Z if dxy > 0.04 else ee[2]]), -1.0)
+        ready = abs(ee[2] - b[2]) < 0.008 and dxy < 0.012 and not core.closed
+        return _toward(ee, b, 1.0 if ready else -1.0)
     dxy = np.linalg.norm(ee[:2] - place_xy)
-    if dxy > 0.008:
-        if ee[2] < CARRY_Z - 0.03 and dxy > 0.03:
+    if dxy > 0.02:
+        if ee[2] < CARRY_Z - 0.03 and dxy > 0.04:
             return _toward(ee, np.array([ee[0], ee[1], CARRY_Z]), 1.0)
-        return _toward(ee, np.array([place_xy[0], place_xy[1], CARRY_Z if dxy > 0.03 else ee[2]]), 1.0)
+        return _toward(ee, np.array([place_xy[0], place_xy[1], CARRY_Z if dxy > 0.04 else ee[2]]), 1.0)
     goal = np.array([place_xy[0], place_xy[1], release_z])
-    return _toward(ee, goal, -1.0 if abs(ee[2] - release_z) < 0.006 else 1.0)
+    ready = abs(ee[2] - release_z) < 0.008 and dxy < 0.008
+    return _toward(ee, goal, -1.0 if ready else 1.0)
 
 
 class PickPlace(Task):

@@ -2,9 +2,9 @@
 
 Data: random smooth trajectories (a few low-frequency sines plus a cubic drift per dim, in [-1, 1]),
 which stand in for normalized robot action chunks. FAST is fitted on a train split and measured
-on a held-out split. Prints a table and writes bench/results/tokenizers.json.
+on a held-out split. Prints a table and writes bench/results/action_tokenizers.json.
 
-    .venv/bin/python bench/tokenizers.py [--n-fit 4000] [--n-eval 500]
+    .venv/bin/python bench/action_tokenizers.py [--n-fit 4000] [--n-eval 500]
 """
 
 from __future__ import annotations
@@ -12,20 +12,14 @@ from __future__ import annotations
 import argparse
 import json
 import platform
-import sys
 import time
 from pathlib import Path
 
-# Run as a script, this file's folder comes first on sys.path and its name shadows the `tokenizers`
-# library that FAST imports; drop the folder before importing vlastack.
-_HERE = Path(__file__).resolve().parent
-sys.path = [p for p in sys.path if Path(p or ".").resolve() != _HERE]
+import numpy as np
 
-import numpy as np  # noqa: E402
-
-from vlastack.config import TokenHeadConfig  # noqa: E402
-from vlastack.models.action_tokenizer import make_action_tokenizer  # noqa: E402
-from vlastack.models.fast import fast_error_bound  # noqa: E402
+from vlastack.config import TokenHeadConfig
+from vlastack.models.action_tokenizer import make_action_tokenizer
+from vlastack.models.fast import fast_error_bound
 
 LM_VOCAB = 257_152  # PaliGemma-sized vocabulary; placement does not change the numbers below
 SHAPES = [(16, 8), (50, 7)]
@@ -74,7 +68,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--n-fit", type=int, default=4000)
     ap.add_argument("--n-eval", type=int, default=500)
-    ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "tokenizers.json"))
+    ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "action_tokenizers.json"))
     args = ap.parse_args()
 
     rows = []

@@ -1,0 +1,168 @@
+import base64
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+
+import numpy as np
+import pytest
+from openpi_client import msgpack_numpy
+from openpi_client.websocket_client_policy import WebsocketClientPolicy
+
+from tests.infer.conftest import ACTION_DIM, make_obs
+from vlastack.infer.policy import Policy
+from vlastack.infer.server import PolicyServer, ServerThread
+from vlastack.infer.wire import WireError, packb, unpackb
+
+TOKEN = "s3cret"
+
+
+@pytest.fixture(scope="module")
+def server(policy_dir):
+    srv = PolicyServer(Policy.from_pretrained(policy_dir, seed=0), port=0, token=TOKEN, max_batch=4)
+    with ServerThread(srv) as s:
+        yield s
+
+
+def _http(srv, path, body=None, token=TOKEN):
+    req = urllib.request.Request(f"http://127.0.0.1:{srv.http_port}{path}", data=body)
+    if token:
+        req.add_header("Authorization", f"Bearer {token}")
+    try:
+        with urllib.request.urlopen(req, timeout=30) as r:
+            return r.status, r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read()
+
+
+def test_wire_matches_openpi_encoding():
+    obj = {"a": np.arange(6, dtype=np.float32).reshape(2, 3), "b": np.int64(3), "s": "x", "n": [1, 2.5]}
+    ours = unpackb(msgpack_numpy.packb(obj), 2**20)
+    np.testing.assert_array_equal(ours["a"], obj["a"])
+    assert ours["b"] == 3 and ours["s"] == "x" and ours["n"] == [1, 2.5]
+    theirs = msgpack_numpy.unpackb(packb(obj))
+    np.testing.assert_array_equal(theirs["a"], obj["a"])
+    bad = msgpack_numpy.packb({"a": np.zeros(2)}).replace(b"<f8", b"|O8")
+    with pytest.raises(WireError, match="dtype"):
+        unpackb(bad, 2**20)
+
+
+def test_openpi_client_round_trip(server):
+    client = WebsocketClientPolicy("127.0.0.1", server.port, api_key=TOKEN)
+    md = client.get_server_metadata()
+    assert md["camera_names"] == ["scene", "wrist"] and md["action_dim"] == ACTION_DIM
+    out = client.infer(make_obs())
+    assert out["actions"].shape == (16, ACTION_DIM) and out["actions"].dtype == np.float32
+    assert out["server_timing"]["infer_ms"] > 0
+    flat = make_obs(1)
+    flat = {"observation/image": flat["images"]["scene"], "observation/state": flat["state"], "prompt": "go"}
+    assert client.infer(flat)["actions"].shape == (16, ACTION_DIM)
+    with pytest.raises(RuntimeError, match="state"):
+        client.infer({"images": make_obs()["images"], "prompt": "x"})
+    assert client.infer(make_obs(2))["actions"].shape == (16, ACTION_DIM)  # connection still usable
+
+
+def test_auth_rejected(server):
+    import websockets
+
+    with pytest.raises(websockets.exceptions.InvalidStatus, match="401"):
+        WebsocketClientPolicy("127.0.0.1", server.port, api_key="wrong")
+    with pytest.raises(websockets.exceptions.InvalidStatus, match="401"):
+        WebsocketClientPolicy("127.0.0.1", server.port)
+    assert _http(server, "/act", b"{}", token="nope")[0] == 401
+    assert _http(server, "/metrics", token=None)[0] == 401
+    assert _http(server, "/healthz", token=None) == (200, b"ok\n")
+
+
+def test_http_act_healthz_metrics(server):
+    obs = make_obs(3)
+    img = obs["images"]["scene"]
+    body = {
+        "images": {
+            "scene": {
+                "b64": base64.b64encode(img.tobytes()).decode(),
+                "dtype": "uint8",
+                "shape": list(img.shape),
+            }
+        },
+        "state": obs["state"].tolist(),
+        "prompt": obs["prompt"],
+    }
+    status, raw = _http(server, "/act", json.dumps(body).encode())
+    assert status == 200, raw
+    actions = np.asarray(json.loads(raw)["actions"], np.float32)
+    assert actions.shape == (16, ACTION_DIM) and np.isfinite(actions).all()
+    body["images"]["scene"] = img.tolist()  # nested lists work too
+    assert _http(server, "/act", json.dumps(body).encode())[0] == 200
+    status, raw = _http(server, "/act", b'{"state": [1, 2]}')
+    assert status == 400 and b"image" in raw
+    status, text = _http(server, "/metrics")
+    text = text.decode()
+    assert status == 200 and 'vla_requests_total{transport="http",status="ok"}' in text
+    assert "vla_request_latency_seconds_bucket" in text and 'vla_errors_total{reason="bad_request"}' in text
+
+
+def test_concurrent_clients_are_micro_batched(server):
+    errors, results = [], []
+
+    def worker(i):
+        try:
+            c = WebsocketClientPolicy("127.0.0.1", server.port, api_key=TOKEN)
+            for j in range(4):
+                results.append(c.infer(make_obs(i * 10 + j))["server_timing"]["batch_size"])
+        except Exception as e:  # surfaced below
+            errors.append(e)
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not errors and len(results) == 24
+    assert max(results) > 1 and max(results) <= 4  # batched, never above --max-batch
+
+
+def test_cli_serve_sigterm_finishes_in_flight(policy_dir):
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "vlastack.cli",
+            "serve",
+            "--policy",
+            str(policy_dir),
+            "--port",
+            "0",
+            "--http-port",
+            "-1",
+        ],
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    try:
+        port = None
+        deadline = time.time() + 60
+        while port is None and time.time() < deadline:
+            line = proc.stderr.readline()
+            if "serving ws://" in line:
+                port = int(line.split("ws://127.0.0.1:")[1].split()[0])
+        assert port, "server did not report its port"
+        client = WebsocketClientPolicy("127.0.0.1", port)
+        got = []
+        t = threading.Thread(target=lambda: got.append(client.infer(make_obs())))
+        t.start()
+        time.sleep(0.02)
+        proc.send_signal(signal.SIGTERM)
+        t.join(30)
+        assert got and got[0]["actions"].shape == (16, ACTION_DIM)
+        assert proc.wait(30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()

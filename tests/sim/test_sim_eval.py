@@ -1,0 +1,169 @@
+"""Evaluator: chunk execution, ensembling, Wilson CIs, outputs, baselines, bad policies, crashes."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+import av
+import numpy as np
+import pytest
+from gymnasium import spaces
+
+from vlastack.sim.evaluate import EvalWorkerError, evaluate, run_episode, wilson
+from vlastack.sim.policies import ExpertPolicy, PolicyOutputError, RandomPolicy, check_actions
+
+
+class CountingEnv:
+    """A 1-D env that records executed actions; succeeds never; 12 steps long."""
+
+    task_name = "count"
+    action_space = spaces.Box(-1, 1, (4,), np.float32)
+
+    def reset(self, seed=None):
+        self.actions = []
+        return self._obs(), {}
+
+    def step(self, a):
+        self.actions.append(np.asarray(a).copy())
+        return self._obs(), 0.0, False, len(self.actions) >= 12, {"success": False}
+
+    def _obs(self):
+        return {
+            "images": {"scene": np.zeros((8, 8, 3), np.uint8)},
+            "state": np.zeros(2, np.float32),
+            "prompt": "x",
+        }
+
+
+class QueryPolicy:
+    """Chunk k (0-based query count) is filled with the value k."""
+
+    def __init__(self, horizon=16):
+        self.horizon, self.queries = horizon, 0
+
+    def infer(self, obs):
+        a = np.full((self.horizon, 4), float(self.queries), np.float32)
+        self.queries += 1
+        return {"actions": a}
+
+
+class BadPolicy:
+    def __init__(self, kind):
+        self.kind = kind
+
+    def infer(self, obs):
+        a = np.zeros((8, 4), np.float32)
+        if self.kind == "nan":
+            a[3, 1] = np.nan
+        elif self.kind == "shape":
+            a = np.zeros((8, 7), np.float32)
+        elif self.kind == "dtype":
+            a = np.zeros((8, 4), np.int64)
+        return {"actions": a}
+
+
+def nan_policy_factory():
+    return BadPolicy("nan")
+
+
+class CrashPolicy:
+    def infer(self, obs):
+        os._exit(3)  # simulate a segfaulting/killed worker
+
+
+def crash_factory():
+    return CrashPolicy()
+
+
+def test_steps_per_chunk_and_temporal_ensemble():
+    env, pol = CountingEnv(), QueryPolicy()
+    run_episode(env, pol, "q", seed=0, steps_per_chunk=5)
+    assert pol.queries == 3  # 12 steps / 5 per chunk
+    np.testing.assert_array_equal([a[0] for a in env.actions], [0] * 5 + [1] * 5 + [2] * 2)
+    env, pol = CountingEnv(), QueryPolicy(horizon=3)
+    run_episode(env, pol, "q", seed=0, steps_per_chunk=8)  # short chunks: re-query when they run out
+    assert pol.queries == 4
+    env, pol = CountingEnv(), QueryPolicy()
+    run_episode(env, pol, "q", seed=0, steps_per_chunk=2, temporal_ensemble=0.5)
+    w = np.exp(-0.5 * np.arange(2))
+    assert env.actions[1][0] == 0.0  # only chunk 0 covers step 1
+    assert env.actions[2][0] == pytest.approx((w[0] * 0 + w[1] * 1) / w.sum())  # chunks 0 and 1
+    assert env.actions[4][0] == pytest.approx(
+        (0 * 1 + 1 * w[1] + 2 * np.exp(-1.0)) / (1 + w[1] + np.exp(-1.0))
+    )
+
+
+def test_wilson_interval():
+    lo, hi = wilson(5, 10)
+    assert lo == pytest.approx(0.2366, abs=1e-3) and hi == pytest.approx(0.7634, abs=1e-3)
+    lo, hi = wilson(0, 10)
+    assert lo == 0.0 and hi == pytest.approx(0.2775, abs=1e-3)
+    assert wilson(20, 20)[1] == 1.0 and wilson(20, 20)[0] > 0.8
+
+
+def test_check_actions_messages():
+    with pytest.raises(PolicyOutputError, match=r"policy 'p' at step 7.*NaN"):
+        check_actions({"actions": np.full((2, 4), np.nan, np.float32)}, 4, "p", "step 7")
+    with pytest.raises(PolicyOutputError, match=r"shape \[H, 4\].*\(2, 3\)"):
+        check_actions({"actions": np.zeros((2, 3), np.float32)}, 4, "p", "step 0")
+    with pytest.raises(PolicyOutputError, match="float32, got dtype int64"):
+        check_actions({"actions": np.zeros((2, 4), np.int64)}, 4, "p", "step 0")
+    with pytest.raises(PolicyOutputError, match="must return"):
+        check_actions(np.zeros((2, 4)), 4, "p", "step 0")
+    assert check_actions({"actions": np.zeros((2, 4))}, 4, "p", "s").dtype == np.float32
+
+
+@pytest.mark.parametrize("kind", ["nan", "shape", "dtype"])
+def test_bad_policy_output_names_policy_and_step(kind):
+    with pytest.raises(PolicyOutputError, match=r"policy 'BadPolicy' at step 0 of episode 0 \(task reach"):
+        evaluate(BadPolicy(kind), tasks=("reach",), episodes=1, num_workers=0, videos=0)
+
+
+def test_expert_in_process_writes_outputs(tmp_path):
+    res = evaluate(ExpertPolicy(), episodes=8, num_workers=0, out_dir=tmp_path, videos=2)
+    assert res["overall"]["success_rate"] == 1.0 and res["overall"]["n"] == 8
+    assert set(res["tasks"]) == {"reach", "push", "pick_place", "stack"}
+    assert all(t["n"] == 2 for t in res["tasks"].values())
+    assert [e["seed"] for e in res["episodes"]] == list(range(1_000_000, 1_000_008))
+    saved = json.loads((tmp_path / "eval.json").read_text())
+    assert saved["overall"]["ci95"][0] > 0.6 and (tmp_path / "eval.png").stat().st_size > 1000
+    assert len(saved["videos"]) == 2
+    with av.open(saved["videos"][0]) as c:
+        frames = [f.to_ndarray(format="rgb24") for f in c.decode(video=0)]
+    assert len(frames) >= 2 and frames[0].shape == (256, 256, 3)
+
+
+def test_parallel_workers_random_vs_expert(tmp_path):
+    t0 = time.perf_counter()
+    rnd = evaluate("random", episodes=8, num_workers=2, out_dir=tmp_path / "r", videos=2, cameras=("scene",))
+    exp = evaluate("expert", episodes=8, num_workers=2, videos=0, cameras=("scene",))
+    assert exp["overall"]["success_rate"] == 1.0
+    assert rnd["overall"]["success_rate"] < exp["overall"]["success_rate"]
+    assert (
+        len(rnd["episodes"]) == 8 and len(json.loads((tmp_path / "r/eval.json").read_text())["videos"]) == 2
+    )
+    assert time.perf_counter() - t0 < 60
+    assert isinstance(RandomPolicy().infer({})["actions"], np.ndarray)
+
+
+def test_bad_policy_error_crosses_process_boundary():
+    with pytest.raises(PolicyOutputError, match=r"nan_policy_factory.*NaN"):
+        evaluate(
+            nan_policy_factory, tasks=("reach",), episodes=2, num_workers=1, videos=0, cameras=("scene",)
+        )
+
+
+def test_crashed_worker_is_reported_not_hung():
+    t0 = time.perf_counter()
+    with pytest.raises(EvalWorkerError, match=r"worker process died.*crash_factory"):
+        evaluate(crash_factory, tasks=("reach",), episodes=4, num_workers=2, videos=0, cameras=("scene",))
+    assert time.perf_counter() - t0 < 60
+
+
+def test_user_errors():
+    with pytest.raises(ValueError, match="cannot be sent to worker"):
+        evaluate(RandomPolicy(), episodes=1, num_workers=2)
+    with pytest.raises(ValueError, match="neither 'random', 'expert' nor an existing"):
+        evaluate("/no/such/ckpt", episodes=1, num_workers=0)

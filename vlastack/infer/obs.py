@@ -1,0 +1,163 @@
+"""Observation checking and batching: the one place that turns env observations into a model batch.
+
+An observation is ``{"images": {cam: uint8 [H, W, 3] or [3, H, W]}, "state": float [S_env],
+"prompt": str}``. openpi-style flat keys are accepted too: ``observation/state``,
+``observation/<camera name>``, ``observation/image`` (the first camera) and
+``observation/wrist_image`` (the first camera whose name contains "wrist").
+
+Every check raises ``ObsError`` (a ``ValueError``) naming the key, so the server can send the
+reason back to the client. Limits are checked before anything is allocated.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from vlastack.batch import Batch
+from vlastack.data.transforms import resize
+
+MAX_IMAGE_SIDE = 4096
+MAX_PROMPT_CHARS = 4096
+
+
+class ObsError(ValueError):
+    """An observation does not match the policy's input spec."""
+
+
+@dataclass(frozen=True)
+class InputSpec:
+    """What a policy accepts. ``state_dim`` is the env's (unpadded) state dim."""
+
+    camera_names: tuple[str, ...]
+    state_dim: int
+    image_size: int
+    prompt_required: bool = True
+    default_prompt: str = ""
+    max_image_side: int = MAX_IMAGE_SIDE
+    max_prompt_chars: int = MAX_PROMPT_CHARS
+    aliases: dict[str, str] = field(default_factory=dict)  # flat openpi key -> camera name
+
+    @staticmethod
+    def make(
+        camera_names: tuple[str, ...], state_dim: int, image_size: int, default_prompt: str = ""
+    ) -> InputSpec:
+        aliases = {f"observation/{c}": c for c in camera_names}
+        aliases.setdefault("observation/image", camera_names[0])
+        wrist = [c for c in camera_names if "wrist" in c]
+        if wrist:
+            aliases.setdefault("observation/wrist_image", wrist[0])
+        return InputSpec(
+            tuple(camera_names), state_dim, image_size, not default_prompt, default_prompt, aliases=aliases
+        )
+
+
+@dataclass
+class Obs:
+    """A checked observation: images HWC uint8 by camera name, state float32 [S_env], prompt."""
+
+    images: dict[str, np.ndarray]
+    state: np.ndarray
+    prompt: str
+
+
+def _image(name: str, x: object, spec: InputSpec) -> np.ndarray:
+    if not isinstance(x, np.ndarray):
+        raise ObsError(f"image {name!r} must be a uint8 array [H, W, 3], got {type(x).__name__}")
+    if x.dtype != np.uint8:
+        raise ObsError(f"image {name!r} must be uint8 (0..255), got dtype {x.dtype}")
+    if x.ndim != 3 or 3 not in (x.shape[0], x.shape[-1]):
+        raise ObsError(f"image {name!r} must be [H, W, 3] or [3, H, W], got shape {list(x.shape)}")
+    if x.shape[-1] != 3:  # CHW, as openpi's ALOHA client sends
+        x = np.moveaxis(x, 0, -1)
+    h, w = x.shape[:2]
+    if not (1 <= h <= spec.max_image_side and 1 <= w <= spec.max_image_side):
+        raise ObsError(f"image {name!r} is {h}x{w}; each side must be in [1, {spec.max_image_side}]")
+    return x
+
+
+def check_obs(obs: object, spec: InputSpec) -> Obs:
+    """Validate an observation dict against ``spec`` -> ``Obs``; raises ``ObsError``."""
+    if not isinstance(obs, dict):
+        raise ObsError(f"observation must be a dict, got {type(obs).__name__}")
+    images: dict[str, np.ndarray] = {}
+    state, prompt = None, None
+    for key, value in obs.items():
+        if not isinstance(key, str):
+            raise ObsError(f"observation keys must be strings, got {key!r:.80}")
+        if key == "images":
+            if not isinstance(value, dict):
+                raise ObsError(f"'images' must be a dict camera name -> array, got {type(value).__name__}")
+            for cam, img in value.items():
+                if cam not in spec.camera_names:
+                    raise ObsError(
+                        f"unknown camera {cam!r:.80}; this policy's cameras: {list(spec.camera_names)}"
+                    )
+                images[cam] = _image(cam, img, spec)
+        elif key in spec.aliases:
+            cam = spec.aliases[key]
+            images[cam] = _image(key, value, spec)
+        elif key in ("state", "observation/state"):
+            state = value
+        elif key == "prompt":
+            prompt = value
+        else:
+            raise ObsError(
+                f"unknown observation key {key!r:.80}; expected 'images', 'state', 'prompt' "
+                f"or one of {sorted(spec.aliases)}"
+            )
+    if not images:
+        raise ObsError(f"observation has no image; give at least one of cameras {list(spec.camera_names)}")
+    if not isinstance(state, np.ndarray) or state.dtype.kind != "f":
+        got = type(state).__name__ if not isinstance(state, np.ndarray) else f"dtype {state.dtype}"
+        raise ObsError(f"'state' must be a float array [{spec.state_dim}], got {got}")
+    if state.shape != (spec.state_dim,):
+        raise ObsError(f"'state' must have shape [{spec.state_dim}], got {list(state.shape)}")
+    if not np.isfinite(state).all():
+        raise ObsError("'state' contains NaN or inf")
+    if prompt is None:
+        if spec.prompt_required:
+            raise ObsError("'prompt' is required (a string instruction)")
+        prompt = spec.default_prompt
+    if not isinstance(prompt, str):
+        raise ObsError(f"'prompt' must be a string, got {type(prompt).__name__}")
+    if len(prompt) > spec.max_prompt_chars:
+        raise ObsError(f"'prompt' has {len(prompt)} characters; at most {spec.max_prompt_chars}")
+    return Obs(images, state.astype(np.float32), prompt)
+
+
+def build_batch(
+    obs_list: list[Obs], spec: InputSpec, model_state_dim: int, max_text_len: int, tokenizer, normalizer
+) -> Batch:
+    """Checked observations -> model batch (see vlastack/batch.py) on the CPU.
+
+    Images are resized to ``spec.image_size`` (bilinear, the training transform); absent cameras are
+    zeros with ``image_mask`` False; state is normalized and zero-padded to ``model_state_dim``.
+    """
+    b, n, s = len(obs_list), len(spec.camera_names), spec.image_size
+    images = torch.zeros(b, n, 3, s, s, dtype=torch.uint8)
+    image_mask = torch.zeros(b, n, dtype=torch.bool)
+    tokens = torch.zeros(b, max_text_len, dtype=torch.long)
+    token_mask = torch.zeros(b, max_text_len, dtype=torch.bool)
+    state = torch.zeros(b, model_state_dim, dtype=torch.float32)
+    for i, o in enumerate(obs_list):
+        for j, cam in enumerate(spec.camera_names):
+            if cam in o.images:
+                chw = torch.from_numpy(np.array(o.images[cam])).permute(
+                    2, 0, 1
+                )  # copy: wire arrays are read-only
+                images[i, j] = resize(chw, s)
+                image_mask[i, j] = True
+        ids, mask = tokenizer.tokenize(o.prompt, max_text_len)
+        tokens[i], token_mask[i] = torch.from_numpy(ids), torch.from_numpy(mask)
+        st = np.asarray(normalizer.normalize("observation.state", o.state), dtype=np.float32)
+        state[i, : st.shape[0]] = torch.from_numpy(st)
+    return {
+        "images": images,
+        "image_mask": image_mask,
+        "tokens": tokens,
+        "token_mask": token_mask,
+        "state": state,
+    }

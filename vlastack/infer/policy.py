@@ -1,0 +1,215 @@
+"""``Policy``: a trained VLA behind the env-facing interface shared by sim, eval and serving.
+
+    policy = Policy.from_pretrained("runs/train/final")          # folder written by training
+    out = policy.infer({"images": {"scene": img}, "state": s, "prompt": "pick the cube"})
+    out["actions"]                                               # float32 [H, A_env], env units
+    a = policy.select_action(obs)                                # one step, re-plans every n
+
+Policy folder: ``model.safetensors`` + ``config.json`` (``VLA.save_pretrained``), optional
+``config.yaml``, ``norm_stats.json`` (the data ``Normalizer``; it fixes the env's unpadded state and
+action dims; absent = identity with the model's dims), optional ``ema/`` (same files) and
+``action_tokenizer/`` (token head, loaded by ``VLA.from_pretrained``). Everything goes through
+``model.sample_actions`` so flow and token heads behave the same here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections import deque
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from vlastack.config import ModelConfig
+from vlastack.data.stats import Normalizer
+from vlastack.infer.obs import InputSpec, Obs, build_batch, check_obs
+from vlastack.models.tokenizer import load_tokenizer
+
+STATE_KEY, ACTION_KEY = "observation.state", "action"
+NORM_STATS = "norm_stats.json"
+
+
+def identity_normalizer() -> Normalizer:
+    return Normalizer({}, {STATE_KEY: "identity", ACTION_KEY: "identity"})
+
+
+def _stat_dim(normalizer: Normalizer, key: str, default: int) -> int:
+    """The env's feature dim for ``key``: the length of its statistics, or ``default`` (identity)."""
+    stats = normalizer.stats.get(key) if normalizer.modes.get(key, "identity") != "identity" else None
+    if not stats:
+        return default
+    return int(np.asarray(next(iter(stats.values()))).reshape(-1).shape[0])
+
+
+class Policy:
+    """A VLA + normalizer + tokenizer. Thread-safe: one forward pass at a time (``self.lock``)."""
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        normalizer: Normalizer | None = None,
+        tokenizer: Any = None,
+        *,
+        device: str | torch.device = "cpu",
+        dtype: str | None = None,
+        compile: bool = False,
+        replan_steps: int | None = None,
+        temporal_ensemble: float = 0.0,
+        default_prompt: str = "",
+        seed: int | None = None,
+    ) -> None:
+        if dtype not in (None, "fp32", "bf16"):
+            raise ValueError(f"dtype must be None, 'fp32' or 'bf16', got {dtype!r}")
+        if temporal_ensemble < 0:
+            raise ValueError(f"temporal_ensemble must be >= 0, got {temporal_ensemble}")
+        self.model = model.eval()
+        self.cfg: ModelConfig = model.cfg
+        self.device = torch.device(device)
+        self.normalizer = normalizer or identity_normalizer()
+        self.tokenizer = tokenizer or load_tokenizer(self.cfg.tokenizer)
+        self.bf16 = dtype == "bf16"
+        self.state_dim = _stat_dim(self.normalizer, STATE_KEY, self.cfg.state_dim)
+        self.action_dim = _stat_dim(self.normalizer, ACTION_KEY, self.cfg.action_dim)
+        if self.state_dim > self.cfg.state_dim or self.action_dim > self.cfg.action_dim:
+            raise ValueError(
+                f"norm stats dims (state {self.state_dim}, action {self.action_dim}) exceed the model's "
+                f"(state {self.cfg.state_dim}, action {self.cfg.action_dim})"
+            )
+        self.spec = InputSpec.make(
+            self.cfg.camera_names, self.state_dim, self.cfg.vision.image_size, default_prompt
+        )
+        h = self.cfg.action_horizon
+        self.replan_steps = replan_steps or h
+        if not 1 <= self.replan_steps <= h:
+            raise ValueError(f"replan_steps must be in [1, {h}] (the action horizon), got {replan_steps}")
+        self.temporal_ensemble = temporal_ensemble
+        self.lock = threading.Lock()
+        self._gen = torch.Generator(device=self.device)
+        self._gen.manual_seed(int(seed) if seed is not None else int(torch.initial_seed()) % 2**62)
+        self._sample = model.sample_actions
+        if compile:
+            # Static shapes per batch size; the Euler loop unrolls (see FlowHead.sample).
+            self._sample = torch.compile(model.sample_actions, dynamic=False)
+        self.reset()
+
+    # ------------------------------------------------------------------ loading
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        path: str | Path,
+        device: str | torch.device = "cpu",
+        compile: bool = False,
+        dtype: str | None = None,
+        ema: bool = False,
+        **kwargs: Any,
+    ) -> Policy:
+        """Load a policy folder (see module docstring). ``ema=True`` uses the ``ema/`` weights."""
+        from vlastack.models.vla import VLA
+
+        path = Path(path)
+        if not path.is_dir():
+            raise ValueError(f"policy folder {path} does not exist")
+        weights = path / "ema" if ema else path
+        if ema and not weights.is_dir():
+            raise ValueError(f"{path} has no ema/ folder (train with train.ema_decay > 0)")
+        model = VLA.from_pretrained(weights, device=device)
+        stats = weights / NORM_STATS if (weights / NORM_STATS).exists() else path / NORM_STATS
+        normalizer = Normalizer.load(stats) if stats.exists() else identity_normalizer()
+        tokenizer = load_tokenizer(model.cfg.tokenizer)
+        return cls(model, normalizer, tokenizer, device=device, dtype=dtype, compile=compile, **kwargs)
+
+    # ------------------------------------------------------------------ description
+
+    @property
+    def metadata(self) -> dict[str, Any]:
+        """Plain-typed description of inputs and outputs (sent to clients on connect)."""
+        c = self.cfg
+        return {
+            "policy": "vlastack",
+            "head": c.head,
+            "camera_names": list(c.camera_names),
+            "image_size": c.vision.image_size,
+            "image_dtype": "uint8",
+            "max_image_side": self.spec.max_image_side,
+            "state_dim": self.state_dim,
+            "action_dim": self.action_dim,
+            "action_horizon": c.action_horizon,
+            "model_state_dim": c.state_dim,
+            "model_action_dim": c.action_dim,
+            "max_text_len": c.max_text_len,
+            "num_denoise_steps": c.num_denoise_steps,
+            "prompt_required": self.spec.prompt_required,
+            "replan_steps": self.replan_steps,
+            "flat_keys": [*sorted(self.spec.aliases), "observation/state"],
+        }
+
+    def check(self, obs: object) -> Obs:
+        """Validate one observation (raises ``ObsError`` with the reason)."""
+        return check_obs(obs, self.spec)
+
+    # ------------------------------------------------------------------ inference
+
+    def _autocast(self):
+        if not self.bf16:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=torch.bfloat16)
+
+    def infer_checked(self, obs_list: list[Obs], noise: torch.Tensor | None = None) -> np.ndarray:
+        """Checked observations -> unnormalized actions float32 [B, H, A_env] (one forward pass)."""
+        c = self.cfg
+        batch = build_batch(obs_list, self.spec, c.state_dim, c.max_text_len, self.tokenizer, self.normalizer)
+        batch = {k: v.to(self.device) for k, v in batch.items()}
+        b = len(obs_list)
+        with self.lock:
+            if noise is None:
+                shape = (b, c.action_horizon, c.action_dim)
+                noise = torch.randn(shape, generator=self._gen, device=self.device)
+            with torch.inference_mode(), self._autocast():
+                out = self._sample(batch, noise=noise.to(self.device))
+        actions = out.float()[:, :, : self.action_dim].cpu().numpy()
+        actions = self.normalizer.unnormalize(ACTION_KEY, actions)
+        return np.ascontiguousarray(actions, dtype=np.float32)
+
+    def infer(self, obs: dict) -> dict[str, np.ndarray]:
+        """One observation -> ``{"actions": float32 [H, A_env]}`` in env units."""
+        return {"actions": self.infer_checked([self.check(obs)])[0]}
+
+    def infer_batch(self, obs_list: list[dict]) -> list[dict[str, np.ndarray]]:
+        """Several observations in one forward pass (micro-batching) -> one result dict each."""
+        if not obs_list:
+            return []
+        actions = self.infer_checked([self.check(o) for o in obs_list])
+        return [{"actions": a} for a in actions]
+
+    # ------------------------------------------------------------------ closed loop
+
+    def reset(self) -> None:
+        """Forget queued actions (call at the start of each episode)."""
+        self._t = 0
+        self._chunks: deque[tuple[int, np.ndarray]] = deque()  # (step predicted at, [H, A])
+
+    def select_action(self, obs: dict) -> np.ndarray:
+        """One env step -> float32 [A_env]. Re-plans every ``replan_steps`` steps.
+
+        With ``temporal_ensemble = m > 0`` every chunk still covering this step votes with weight
+        ``exp(-m * i)``, i = 0 for the oldest (ACT's convention), otherwise the newest chunk is used.
+        """
+        t = self._t
+        if not self._chunks or t - self._chunks[-1][0] >= self.replan_steps:
+            self._chunks.append((t, self.infer(obs)["actions"]))
+        h = self.cfg.action_horizon
+        while self._chunks and t - self._chunks[0][0] >= h:
+            self._chunks.popleft()
+        if self.temporal_ensemble > 0:
+            w = np.exp(-self.temporal_ensemble * np.arange(len(self._chunks)))
+            acts = np.stack([c[t - t0] for t0, c in self._chunks])
+            action = (w[:, None] * acts).sum(0) / w.sum()
+        else:
+            t0, chunk = self._chunks[-1]
+            action = chunk[t - t0]
+        self._t += 1
+        return action.astype(np.float32)

@@ -1,0 +1,336 @@
+"""``vla serve``: a policy behind an openpi-compatible websocket and a small HTTP API.
+
+Websocket (openpi protocol, works with ``openpi_client.websocket_client_policy``): on connect the
+server sends the policy metadata (msgpack-numpy); each binary message is one observation and gets
+``{"actions": float32 [H, A], "server_timing": {...}}`` back. A bad message gets a text frame with
+the reason (openpi-client raises it as ``RuntimeError``) and the connection stays usable; a message
+over ``max_message_bytes`` closes the connection (code 1009).
+
+HTTP (``http_port``, default ``port + 1``; ``GET`` also answers on the websocket port):
+``POST /act`` (JSON observation -> JSON actions), ``GET /healthz``, ``GET /metrics`` (Prometheus).
+
+All observations go through one ``Batcher`` thread, which runs at most ``max_batch`` of them per
+forward pass: there is never more than one forward pass at a time. With ``token`` set, requests
+need ``Authorization: Bearer <token>`` or ``Authorization: Api-Key <token>`` (what openpi-client
+sends for ``api_key``); ``/healthz`` stays open.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import hmac
+import json
+import logging
+import queue
+import threading
+import time
+from http import HTTPStatus
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import numpy as np
+from websockets.asyncio.server import ServerConnection, serve
+from websockets.exceptions import ConnectionClosed
+from websockets.http11 import Request, Response
+
+from vlastack.infer.metrics import Metrics
+from vlastack.infer.obs import Obs, ObsError
+from vlastack.infer.policy import Policy
+from vlastack.infer.wire import WireError, obs_from_json, packb, unpackb
+
+log = logging.getLogger("vlastack.serve")
+
+
+class Unavailable(RuntimeError):
+    """The server is shutting down or its queue is full."""
+
+
+class Batcher:
+    """One inference thread. ``submit`` queues a checked observation and returns a Future of
+    ``(actions float32 [H, A], timing dict)``; queued observations are micro-batched."""
+
+    def __init__(self, policy: Policy, max_batch: int, metrics: Metrics, max_queue: int = 1024) -> None:
+        if max_batch < 1:
+            raise ValueError(f"max_batch must be >= 1, got {max_batch}")
+        self.policy, self.max_batch, self.metrics = policy, max_batch, metrics
+        self.q: queue.Queue = queue.Queue(maxsize=max_queue)
+        self.thread = threading.Thread(target=self._run, name="vla-infer", daemon=True)
+        self.thread.start()
+
+    def submit(self, obs: Obs) -> concurrent.futures.Future:
+        fut: concurrent.futures.Future = concurrent.futures.Future()
+        try:
+            self.q.put_nowait((obs, fut, time.perf_counter()))
+        except queue.Full:
+            raise Unavailable("server queue is full; retry later") from None
+        return fut
+
+    def _run(self) -> None:
+        while True:
+            item = self.q.get()
+            if item is None:
+                return
+            items = [item]
+            while len(items) < self.max_batch:
+                try:
+                    nxt = self.q.get_nowait()
+                except queue.Empty:
+                    break
+                if nxt is None:  # keep the stop signal for after this batch
+                    self.q.put(None)
+                    break
+                items.append(nxt)
+            t0 = time.perf_counter()
+            try:
+                actions = self.policy.infer_checked([o for o, _, _ in items])
+            except Exception as e:  # a failed batch fails its requests, not the server
+                log.exception("inference failed")
+                for _, fut, _ in items:
+                    fut.set_exception(e)
+                continue
+            infer_ms = (time.perf_counter() - t0) * 1e3
+            self.metrics.batch_size(len(items))
+            for i, (_, fut, queued) in enumerate(items):
+                timing = {"infer_ms": infer_ms, "queue_ms": (t0 - queued) * 1e3, "batch_size": len(items)}
+                fut.set_result((actions[i], timing))
+
+    def close(self) -> None:
+        """Finish everything queued, then stop the thread."""
+        self.q.put(None)
+        self.thread.join()
+
+
+def _authorized(header: str | None, token: str | None) -> bool:
+    if not token:
+        return True
+    if not header:
+        return False
+    scheme, _, value = header.strip().partition(" ")
+    return scheme.lower() in ("bearer", "api-key") and hmac.compare_digest(value.strip(), token)
+
+
+class PolicyServer:
+    def __init__(
+        self,
+        policy: Policy,
+        host: str = "127.0.0.1",
+        port: int = 8000,
+        http_port: int | None = None,
+        token: str | None = None,
+        max_batch: int = 8,
+        max_message_bytes: int = 16 * 2**20,
+        drain_timeout_s: float = 30.0,
+    ) -> None:
+        self.policy, self.host, self.port = policy, host, port
+        self.http_port = port + 1 if http_port is None and port else (http_port or 0)
+        self.token, self.max_bytes, self.drain_timeout_s = token, max_message_bytes, drain_timeout_s
+        self.metrics = Metrics()
+        self.batcher = Batcher(policy, max_batch, self.metrics)
+        self.metadata = policy.metadata | {"max_message_bytes": max_message_bytes, "max_batch": max_batch}
+        self.draining = False
+        self.ready = threading.Event()
+
+    # ------------------------------------------------------------------ shared request path
+
+    def _act(self, obs: Any) -> concurrent.futures.Future:
+        if self.draining:
+            raise Unavailable("server is shutting down")
+        return self.batcher.submit(self.policy.check(obs))
+
+    @staticmethod
+    def _reply(actions: np.ndarray, timing: dict, t0: float) -> dict:
+        return {"actions": actions, "server_timing": timing | {"total_ms": (time.perf_counter() - t0) * 1e3}}
+
+    # ------------------------------------------------------------------ websocket
+
+    def _process_request(self, connection: ServerConnection, request: Request) -> Response | None:
+        path = request.path.split("?", 1)[0]
+        if path == "/healthz":
+            return connection.respond(HTTPStatus.OK, "ok\n")
+        if not _authorized(request.headers.get("Authorization"), self.token):
+            self.metrics.error("unauthorized")
+            return connection.respond(HTTPStatus.UNAUTHORIZED, "missing or wrong API token\n")
+        if path == "/metrics":
+            resp = connection.respond(HTTPStatus.OK, self.metrics.render())
+            resp.headers["Content-Type"] = "text/plain; version=0.0.4"
+            return resp
+        return None
+
+    async def _ws_handler(self, ws: ServerConnection) -> None:
+        self.metrics.add("connections", 1)
+        try:
+            await ws.send(packb(self.metadata))
+            async for msg in ws:
+                await self._ws_request(ws, msg)
+        except ConnectionClosed:
+            pass
+        finally:
+            self.metrics.add("connections", -1)
+
+    async def _ws_request(self, ws: ServerConnection, msg: str | bytes) -> None:
+        t0 = time.perf_counter()
+        self.metrics.add("in_flight", 1)
+        try:
+            if isinstance(msg, str):
+                raise WireError("expected a binary msgpack message, got text")
+            fut = self._act(unpackb(msg, self.max_bytes))
+            actions, timing = await asyncio.wrap_future(fut)
+            await ws.send(packb(self._reply(actions, timing, t0)))
+            self.metrics.request("ws", "ok", time.perf_counter() - t0)
+        except (WireError, ObsError, Unavailable) as e:
+            reason = "unavailable" if isinstance(e, Unavailable) else "bad_request"
+            self.metrics.request("ws", reason)
+            self.metrics.error(reason)
+            await ws.send(f"error: {e}")
+        except ConnectionClosed:
+            raise
+        except Exception as e:  # the model failed: report it, keep serving
+            log.exception("request failed")
+            self.metrics.request("ws", "error")
+            self.metrics.error("internal")
+            await ws.send(f"error: internal: {type(e).__name__}: {e}"[:1000])
+        finally:
+            self.metrics.add("in_flight", -1)
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def serve(self, stop: asyncio.Event) -> None:
+        """Serve until ``stop`` is set; then finish in-flight requests and return."""
+        httpd = None
+        async with serve(
+            self._ws_handler,
+            self.host,
+            self.port,
+            process_request=self._process_request,
+            max_size=self.max_bytes,
+            compression=None,
+            ping_interval=None,  # a client may block in a slow control loop; do not drop it
+        ) as server:
+            self.port = server.sockets[0].getsockname()[1]
+            if self.http_port >= 0:
+                httpd = ThreadingHTTPServer((self.host, self.http_port), _make_http_handler(self))
+                httpd.daemon_threads = True
+                self.http_port = httpd.server_address[1]
+                threading.Thread(target=httpd.serve_forever, name="vla-http", daemon=True).start()
+            log.info("serving ws://%s:%d (HTTP on %d)", self.host, self.port, self.http_port)
+            self.ready.set()
+            await stop.wait()
+            self.draining = True
+            server.server.close()  # stop accepting; open connections still get their replies
+            if httpd is not None:
+                # Stops accepting; running handlers finish on their own threads.
+                await asyncio.get_running_loop().run_in_executor(None, httpd.shutdown)
+            deadline = time.monotonic() + self.drain_timeout_s
+            while self.metrics.in_flight > 0 and time.monotonic() < deadline:
+                await asyncio.sleep(0.01)
+            server.close()
+        await asyncio.get_running_loop().run_in_executor(None, self.batcher.close)
+        if httpd is not None:
+            httpd.server_close()
+
+
+def _make_http_handler(srv: PolicyServer) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        timeout = 30  # seconds of silence before a connection is dropped (slow clients)
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, fmt: str, *args: Any) -> None:
+            log.debug("http: " + fmt, *args)
+
+        def _send(self, status: int, body: bytes, ctype: str = "application/json") -> None:
+            self.send_response(status)
+            self.send_header("Content-Type", ctype)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def _error(self, status: int, reason: str, metric: str) -> None:
+            srv.metrics.error(metric)
+            srv.metrics.request("http", metric)
+            self._send(status, json.dumps({"error": reason}).encode())
+
+        def do_GET(self) -> None:
+            path = self.path.split("?", 1)[0]
+            if path == "/healthz":
+                return self._send(200, b"ok\n", "text/plain")
+            if not _authorized(self.headers.get("Authorization"), srv.token):
+                return self._error(401, "missing or wrong API token", "unauthorized")
+            if path == "/metrics":
+                return self._send(200, srv.metrics.render().encode(), "text/plain; version=0.0.4")
+            if path == "/metadata":
+                return self._send(200, json.dumps(srv.metadata).encode())
+            return self._error(404, f"no such path {path[:100]}", "not_found")
+
+        def do_POST(self) -> None:
+            t0 = time.perf_counter()
+            if self.path.split("?", 1)[0] != "/act":
+                return self._error(404, "POST only to /act", "not_found")
+            if not _authorized(self.headers.get("Authorization"), srv.token):
+                return self._error(401, "missing or wrong API token", "unauthorized")
+            try:
+                n = int(self.headers.get("Content-Length", ""))
+            except ValueError:
+                self.close_connection = True
+                return self._error(411, "Content-Length required", "bad_request")
+            if not 0 <= n <= srv.max_bytes:
+                self.close_connection = True  # the body is not read: the stream is unusable
+                return self._error(413, f"body over {srv.max_bytes} bytes", "too_large")
+            srv.metrics.add("in_flight", 1)
+            try:
+                fut = srv._act(obs_from_json(self.rfile.read(n), srv.max_bytes))
+                actions, timing = fut.result()
+            except (WireError, ObsError) as e:
+                return self._error(400, str(e), "bad_request")
+            except Unavailable as e:
+                return self._error(503, str(e), "unavailable")
+            except Exception as e:
+                log.exception("request failed")
+                return self._error(500, f"internal: {type(e).__name__}: {e}", "internal")
+            finally:
+                srv.metrics.add("in_flight", -1)
+            body = srv._reply(actions, timing, t0)
+            body["actions"] = body["actions"].tolist()
+            self._send(200, json.dumps(body).encode())
+            srv.metrics.request("http", "ok", time.perf_counter() - t0)
+
+    return Handler
+
+
+class ServerThread:
+    """Run a ``PolicyServer`` on its own event loop in a background thread (tests, notebooks)."""
+
+    def __init__(self, server: PolicyServer) -> None:
+        self.server = server
+        self.loop = asyncio.new_event_loop()
+        self.stop_event: asyncio.Event | None = None
+        self.thread = threading.Thread(target=self._main, name="vla-serve", daemon=True)
+
+    def _main(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        self.stop_event = asyncio.Event()
+        self.loop.run_until_complete(self.server.serve(self.stop_event))
+
+    def __enter__(self) -> PolicyServer:
+        self.thread.start()
+        if not self.server.ready.wait(30):
+            raise RuntimeError("server did not start within 30 s")
+        return self.server
+
+    def __exit__(self, *exc: object) -> None:
+        self.loop.call_soon_threadsafe(self.stop_event.set)
+        self.thread.join(60)
+
+
+def run(server: PolicyServer) -> None:
+    """Serve until SIGTERM/SIGINT, then drain in-flight requests and return."""
+    import signal
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        await server.serve(stop)
+
+    asyncio.run(main())

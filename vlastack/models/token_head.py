@@ -1,0 +1,428 @@
+"""Discrete action-token head: RT-2/OpenVLA bins or pi0-FAST tokens from the VLM's own LM head.
+
+Sequence: ``[images | text | state] [a_0 ... a_{L-1}]``. The prompt (images, text, state: one
+continuous token or one discrete token per dim) is one bidirectional block; the action tokens are
+causal (prefix-LM) and trained with cross-entropy (fp32 logits) on the action targets only. FAST
+sequences end with the text tokenizer's EOS; bins have a fixed length and no end token.
+
+Decoding: ``autoregressive`` prefills the prompt into a static KV cache once, then writes one token
+per step by index for a fixed number of steps (tokens after the end are masked, no host sync in
+the loop). ``parallel`` (OpenVLA-OFT, bins only) fills every action position with a learned query
+embedding and predicts all of them in one pass (one bidirectional action block), optionally with
+an L1 regression head for continuous output.
+
+The action tokenizer covers the real (leading) action dims; padded dims decode to 0. It is fitted
+before training with ``fit_tokenizer`` and saved beside the weights (``action_tokenizer/``).
+``last_valid`` holds the validity flags of the latest ``sample`` (an invalid FAST sequence gives a
+zero chunk flagged False, never a silent zero action).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from vlastack.batch import Batch
+from vlastack.config import ModelConfig
+from vlastack.models.action_tokenizer import ActionTokenizer, load_action_tokenizer, make_action_tokenizer
+from vlastack.models.tokenizer import load_tokenizer
+from vlastack.nn.attention import block_causal_mask
+from vlastack.nn.kv_cache import StaticKVCache
+
+if TYPE_CHECKING:
+    from vlastack.models.vla import VLA
+
+TOKENIZER_DIR = "action_tokenizer"
+HEAD_FILE = "token_head.json"
+
+
+def hold_last_step(actions: Tensor, is_pad: Tensor) -> Tensor:
+    """actions [B, H, A], is_pad [B, H] -> [B, H, A] where each padded step repeats the latest real
+    one, so padded values never reach the tokens and a FAST chunk stays smooth."""
+    h = actions.shape[1]
+    steps = torch.arange(h, device=actions.device).expand_as(is_pad)
+    src = torch.where(is_pad, torch.zeros_like(steps), steps).cummax(dim=1).values
+    return actions.gather(1, src[:, :, None].expand_as(actions))
+
+
+class TokenHead(nn.Module):
+    """State/new-row embeddings, OFT queries and regression head, plus loss and decoders."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.cfg, tc, w = cfg, cfg.tokens, cfg.vlm.width
+        if tc.state_input == "continuous":
+            self.state_proj = nn.Linear(cfg.state_dim, w)
+        else:
+            self.state_embed = nn.Embedding(tc.state_bins, w)
+        n_ids = tc.num_bins if tc.tokenizer == "bins" else tc.fast_vocab_size
+        # 'new_rows' placement: action ids vocab_size.. live here, so the text embedding (and its
+        # PaliGemma import/export) keeps its shape; logits concatenate both tables (tied).
+        self.new_rows = nn.Embedding(n_ids, w) if tc.placement == "new_rows" else None
+        if tc.decoding == "parallel":
+            self.action_queries = nn.Embedding(cfg.action_horizon * cfg.action_dim, w)
+        self.regression = nn.Linear(w, 1) if tc.regression_head else None
+        self._tokenizer: ActionTokenizer | None = None
+        self.end_id: int | None = None
+        self.last_valid: Tensor | None = None
+
+    # ------------------------------------------------------------------ tokenizer
+
+    @property
+    def tokenizer(self) -> ActionTokenizer:
+        """The attached action tokenizer; bins are built on first use (over all action dims)."""
+        if self._tokenizer is None:
+            if self.cfg.tokens.tokenizer != "bins":
+                raise ValueError(
+                    "the FAST action tokenizer is not fitted: call model.head.fit_tokenizer(chunks) "
+                    "(or fit_tokenizer_from_batches(loader)) before training, or load a checkpoint "
+                    f"that has {TOKENIZER_DIR}/"
+                )
+            self.attach_tokenizer(self._new_tokenizer(self.cfg.action_dim))
+        return self._tokenizer
+
+    def _new_tokenizer(self, action_dim: int) -> ActionTokenizer:
+        text = load_tokenizer(self.cfg.tokenizer)
+        specials = [i for i in (text.pad_id, text.bos_id, text.eos_id) if i >= 0]
+        self.end_id = text.eos_id if self.cfg.tokens.tokenizer == "fast" else None
+        if self.cfg.tokens.tokenizer == "fast" and text.eos_id < 0:
+            raise ValueError(f"model.tokenizer={self.cfg.tokenizer!r} has no EOS id to end FAST sequences")
+        c = self.cfg
+        return make_action_tokenizer(c.tokens, c.vlm.vocab_size, c.action_horizon, action_dim, specials)
+
+    def attach_tokenizer(self, tok: ActionTokenizer) -> None:
+        """Use ``tok`` (fitted); registers its id tables as non-persistent buffers on this device."""
+        c, tc = self.cfg, self.cfg.tokens
+        pl = tok.placement
+        if tok.kind != tc.tokenizer or pl.strategy != tc.placement or pl.vocab_size != c.vlm.vocab_size:
+            raise ValueError(
+                f"action tokenizer ({tok.kind}, {pl.strategy}, LM vocab {pl.vocab_size}) does not match "
+                f"model.tokens ({tc.tokenizer}, {tc.placement}, LM vocab {c.vlm.vocab_size})"
+            )
+        if tok.horizon != c.action_horizon or not 0 < tok.action_dim <= c.action_dim:
+            raise ValueError(
+                f"action tokenizer is for [{tok.horizon}, {tok.action_dim}] chunks, the model predicts "
+                f"[{c.action_horizon}, {c.action_dim}]"
+            )
+        if tc.tokenizer == "fast" and self.end_id is None:
+            raise ValueError("FAST needs an end id; set head.end_id before attaching")
+        tok._require_fitted()
+        n_used = tok.bpe_vocab_size if tok.kind == "fast" else pl.n
+        vocab = c.vlm.vocab_size + (self.new_rows.num_embeddings if self.new_rows is not None else 0)
+        assert pl.required_vocab_size <= vocab, (pl.required_vocab_size, vocab)
+        allowed = torch.zeros(vocab, dtype=torch.bool)
+        allowed[torch.from_numpy(pl.ids[:n_used])] = True
+        if self.end_id is not None:
+            allowed[self.end_id] = True
+        inverse = torch.full((vocab,), -1, dtype=torch.long)
+        inverse[torch.from_numpy(pl.ids)] = torch.arange(pl.n)
+        device = next(self.parameters()).device
+        self.register_buffer("allowed_ids", allowed.to(device), persistent=False)
+        self.register_buffer("lm_to_internal", inverse.to(device), persistent=False)
+        self.register_buffer("internal_to_lm", torch.from_numpy(pl.ids).to(device), persistent=False)
+        self._tokenizer = tok
+
+    def fit_tokenizer(
+        self,
+        chunks: np.ndarray | Tensor,
+        action_is_pad: np.ndarray | Tensor | None = None,
+        action_dim_mask: np.ndarray | Tensor | None = None,
+    ) -> ActionTokenizer:
+        """Fit (FAST) / size (bins) the tokenizer on normalized training chunks [N, H, A], attach it.
+
+        ``action_is_pad`` [N, H] and ``action_dim_mask`` [N, A] or [A] as in the batch; the real
+        dims must be the same leading dims for every chunk.
+        """
+        x = torch.as_tensor(np.asarray(chunks), dtype=torch.float64)
+        if x.ndim != 3 or x.shape[1:] != (self.cfg.action_horizon, self.cfg.action_dim):
+            raise ValueError(
+                f"chunks must be [N, {self.cfg.action_horizon}, {self.cfg.action_dim}], got {tuple(x.shape)}"
+            )
+        n_real = self.cfg.action_dim
+        if action_dim_mask is not None:
+            m = torch.as_tensor(np.asarray(action_dim_mask), dtype=torch.bool).reshape(-1, x.shape[2])
+            n_real = int(m[0].sum())
+            if not (m == (torch.arange(x.shape[2]) < n_real)).all() or n_real == 0:
+                raise ValueError("action_dim_mask must mark the same leading dims of every chunk as real")
+        if action_is_pad is not None:
+            x = hold_last_step(x, torch.as_tensor(np.asarray(action_is_pad), dtype=torch.bool))
+        x = x[:, :, :n_real].clamp(-1, 1).numpy()
+        tok = self._new_tokenizer(n_real).fit(x)
+        if tok.fixed_length is None:
+            lengths = np.array([len(t) for t in tok.encode_batch(x)])
+            if lengths.max() > self.cfg.tokens.max_action_tokens:
+                raise ValueError(
+                    f"FAST chunks need up to {lengths.max()} tokens (p99 {np.percentile(lengths, 99):.0f}) "
+                    f"but model.tokens.max_action_tokens={self.cfg.tokens.max_action_tokens}; raise it "
+                    "or lower model.tokens.fast_scale"
+                )
+        self.attach_tokenizer(tok)
+        return tok
+
+    def fit_tokenizer_from_batches(
+        self, batches: Iterable[Batch], max_chunks: int = 10_000
+    ) -> ActionTokenizer:
+        """``fit_tokenizer`` on the actions of training batches (e.g. a DataLoader), up to max_chunks."""
+        acts, pads, dims, n = [], [], [], 0
+        for b in batches:
+            acts.append(b["actions"].float().cpu()), pads.append(b["action_is_pad"].cpu())
+            dims.append(b["action_dim_mask"].cpu())
+            n += len(acts[-1])
+            if n >= max_chunks:
+                break
+        if not acts:
+            raise ValueError("fit_tokenizer_from_batches got no batches")
+        cat = [torch.cat(t)[:max_chunks] for t in (acts, pads, dims)]
+        return self.fit_tokenizer(*cat)
+
+    def save_extra(self, path: Path) -> None:
+        """Called by ``VLA.save_pretrained``: writes ``action_tokenizer/`` (if one is attached/buildable)."""
+        if self._tokenizer is None and self.cfg.tokens.tokenizer != "bins":
+            return  # an unfitted FAST head has nothing to save
+        d = self.tokenizer.save(Path(path) / TOKENIZER_DIR)
+        (d / HEAD_FILE).write_text(json.dumps({"end_id": self.end_id}) + "\n")
+
+    def load_extra(self, path: Path) -> None:
+        """Called by ``VLA.from_pretrained``: attaches ``action_tokenizer/`` when present."""
+        d = Path(path) / TOKENIZER_DIR
+        if d.is_dir():
+            self.end_id = json.loads((d / HEAD_FILE).read_text())["end_id"]
+            self.attach_tokenizer(load_action_tokenizer(d))
+
+    # ------------------------------------------------------------------ embeddings
+
+    @property
+    def num_steps(self) -> int:
+        """Decode length: H*A_real for bins, max_action_tokens + 1 (EOS) for FAST."""
+        fixed = self.tokenizer.fixed_length
+        return fixed if fixed is not None else self.cfg.tokens.max_action_tokens + 1
+
+    def embed_ids(self, vla: VLA, ids: Tensor) -> Tensor:
+        """LM ids [B, T] (including new rows) -> [B, T, W], scaled like text embeddings."""
+        v = self.cfg.vlm.vocab_size
+        base = vla.decoder.embed(ids.clamp(max=v - 1))
+        if self.new_rows is None:
+            return base
+        extra = self.new_rows((ids - v).clamp(min=0)) * math.sqrt(self.cfg.vlm.width)
+        return torch.where((ids >= v)[..., None], extra.to(base.dtype), base)
+
+    def logits(self, vla: VLA, h: Tensor) -> Tensor:
+        """Final hidden states [..., W] -> fp32 logits [..., vocab (+ new rows)]."""
+        out = vla.decoder.logits(h)
+        if self.new_rows is None:
+            return out
+        return torch.cat([out, (h @ self.new_rows.weight.t().to(h.dtype)).float()], dim=-1)
+
+    def embed_prompt(self, vla: VLA, batch: Batch) -> tuple[Tensor, Tensor]:
+        """-> prompt [B, P', W] (images, text, state tokens) and its pad mask bool [B, P']."""
+        prefix, pad = vla.embed_prefix(batch)
+        state = batch["state"]
+        if self.cfg.tokens.state_input == "continuous":
+            st = self.state_proj(state.to(self.state_proj.weight.dtype))[:, None]
+        else:
+            nb = self.cfg.tokens.state_bins
+            bins = ((state.float().clamp(-1, 1) + 1) * (nb / 2)).floor().long().clamp(0, nb - 1)
+            st = self.state_embed(bins) * math.sqrt(self.cfg.vlm.width)
+        prompt = torch.cat([prefix, st.to(prefix.dtype)], dim=1)
+        return prompt, torch.cat([pad, pad.new_ones(st.shape[:2])], dim=1)
+
+    # ------------------------------------------------------------------ training
+
+    def targets(self, batch: Batch) -> tuple[Tensor, Tensor, Tensor]:
+        """-> action-token targets int64 [B, L], loss weights fp32 [B, L], real-dim chunk [B, H, A_real]."""
+        tok = self.tokenizer
+        ad = tok.action_dim
+        dim_mask = batch["action_dim_mask"]
+        if not torch.compiler.is_compiling() and bool(dim_mask[:, ad:].any()):
+            raise ValueError(
+                f"the action tokenizer covers {ad} action dims but the batch has more real dims; "
+                "fit it on this data (model.head.fit_tokenizer)"
+            )
+        is_pad = batch["action_is_pad"]
+        acts = torch.where(dim_mask[:, None, :], batch["actions"].float(), 0.0)
+        acts = hold_last_step(acts, is_pad)[:, :, :ad].clamp(-1, 1)
+        b = is_pad.shape[0]
+        if tok.fixed_length is not None:  # bins, in torch (same formula as BinTokenizer, fp64)
+            nb = tok.num_bins
+            q = ((acts.double() + 1.0) * (nb / 2.0)).floor().long().clamp(0, nb - 1)
+            ids = self.internal_to_lm[q.reshape(b, -1)]
+            weight = (~is_pad)[:, :, None] & dim_mask[:, None, :ad]
+            return ids, weight.reshape(b, -1).float(), acts
+        seqs = tok.encode_batch(acts.detach().cpu().numpy())
+        length = self.num_steps
+        ids = torch.full((b, length), self.end_id, dtype=torch.long)
+        weight = torch.zeros(b, length)
+        for i, s in enumerate(seqs):
+            n = min(len(s), length - 1)  # an over-long sequence is cut and gets no end token
+            ids[i, :n] = torch.from_numpy(s[:n])
+            weight[i, : n + 1 if len(s) < length else n] = 1.0
+        return ids.to(acts.device), weight.to(acts.device), acts
+
+    def _run(self, vla: VLA, batch: Batch, actions_in: Tensor, causal: bool) -> Tensor:
+        """Prompt + action-position inputs [B, T, W] through the LM -> hidden [B, T + 1, W] from
+        the last prompt position on."""
+        prompt, pad = self.embed_prompt(vla, batch)
+        b, p = pad.shape
+        t = actions_in.shape[1]
+        pad_all = torch.cat([pad, pad.new_ones(b, t)], dim=1)
+        # Causal: every action position starts its own block; parallel: one block for all of them.
+        starts = torch.zeros(p + t, dtype=torch.bool, device=pad.device)
+        if causal:
+            starts[p:] = True
+        else:
+            starts[p] = True
+        mask = block_causal_mask(pad_all, starts)
+        positions = pad_all.long().cumsum(-1) - 1
+        h, _ = vla.decoder([torch.cat([prompt, actions_in.to(prompt.dtype)], dim=1), None], positions, mask)
+        return h[:, p - 1 :]
+
+    def loss(self, vla: VLA, batch: Batch, **_: object) -> dict[str, Tensor]:
+        """Cross-entropy on the action tokens only (+ L1 when regression_head). -> {"loss", ...}.
+        Flow-head keywords (noise, time) are accepted and ignored."""
+        ids, weight, acts = self.targets(batch)
+        b, length = ids.shape
+        if self.cfg.tokens.decoding == "parallel":
+            queries = self.action_queries.weight[:length][None].expand(b, -1, -1)
+            h = self._run(vla, batch, queries, causal=False)[:, 1:]
+        else:  # teacher forcing: position i predicts token i from the prompt and tokens < i
+            h = self._run(vla, batch, self.embed_ids(vla, ids[:, :-1]), causal=True)
+        logits = self.logits(vla, h)
+        ce = F.cross_entropy(logits.flatten(0, 1), ids.flatten(), reduction="none").view(b, length)
+        denom = weight.sum().clamp(min=1.0)
+        out = {"ce": (ce * weight).sum() / denom}
+        with torch.no_grad():
+            out["token_accuracy"] = ((logits.argmax(-1) == ids).float() * weight).sum() / denom
+        out["loss"] = out["ce"]
+        if self.regression is not None:
+            pred = self.regression(h).squeeze(-1).float()
+            out["l1"] = ((pred - acts.reshape(b, -1)).abs() * weight).sum() / denom
+            out["loss"] = out["loss"] + out["l1"]
+        return out
+
+    # ------------------------------------------------------------------ decoding
+
+    def pick(self, logits: Tensor, temperature: float) -> Tensor:
+        """Logits [B, V] -> next ids [B] among the action ids (+ end). Gumbel-max when temperature > 0."""
+        logits = logits.masked_fill(~self.allowed_ids, float("-inf"))
+        if temperature > 0:
+            u = torch.rand_like(logits).clamp(1e-10, 1.0 - 1e-7)
+            logits = logits / temperature - torch.log(-torch.log(u))
+        return logits.argmax(-1)
+
+    def prefill(self, vla: VLA, batch: Batch) -> tuple[StaticKVCache, Tensor, Tensor, Tensor]:
+        """Prompt into a fresh cache of P' + num_steps slots. -> (cache, logits [B, V] for token 0,
+        prompt pad mask [B, P'], number of real prompt tokens [B])."""
+        prompt, pad = self.embed_prompt(vla, batch)
+        b, p = pad.shape
+        cache = vla.decoder.new_cache(b, p + self.num_steps, prompt.dtype, prompt.device)
+        mask = block_causal_mask(pad, pad.new_zeros(p))
+        positions = pad.long().cumsum(-1) - 1
+        h, _ = vla.decoder([prompt, None], positions, mask, cache=cache, cache_pos=0, attend_cache=False)
+        return cache, self.logits(vla, h[:, -1]), pad, pad.long().sum(-1)
+
+    def decode_step(
+        self,
+        vla: VLA,
+        cache: StaticKVCache,
+        prev: Tensor,
+        done: Tensor,
+        step: Tensor,
+        pad: Tensor,
+        n_valid: Tensor,
+        temperature: float = 0.0,
+    ) -> tuple[Tensor, Tensor]:
+        """Feed action token ``step`` (prev [B]) at cache slot P' + step (0-d LongTensor) and pick
+        token step + 1. done [B]: sequences past their end token, which keep emitting it.
+        -> (next ids [B], done [B]). Fixed shapes, no host sync: compiles without graph breaks."""
+        b, p = pad.shape
+        x = self.embed_ids(vla, prev[:, None])
+        positions = (n_valid + step)[:, None]
+        seen = torch.arange(cache.max_len - p, device=pad.device) <= step
+        mask = torch.cat([pad, seen[None].expand(b, -1)], dim=1)[:, None, None, :]
+        slot = (step + p).reshape(1)
+        h, _ = vla.decoder([x, None], positions, mask, cache=cache, cache_pos=slot, attend_cache=True)
+        nxt = self.pick(self.logits(vla, h[:, 0]), temperature)
+        if self.end_id is None:
+            return nxt, done
+        nxt = torch.where(done, torch.full_like(nxt, self.end_id), nxt)
+        return nxt, done | (nxt == self.end_id)
+
+    def generate(self, vla: VLA, batch: Batch, temperature: float | None = None) -> tuple[Tensor, Tensor]:
+        """Autoregressive decoding with the static cache. -> ids int64 [B, num_steps], lengths [B]
+        (action tokens before the first end token)."""
+        temp = self.cfg.tokens.temperature if temperature is None else temperature
+        cache, logits, pad, n_valid = self.prefill(vla, batch)
+        tok = self.pick(logits, temp)
+        done = tok == self.end_id if self.end_id is not None else torch.zeros_like(tok, dtype=torch.bool)
+        out = [tok]
+        steps = torch.arange(self.num_steps, device=pad.device)
+        for i in range(self.num_steps - 1):
+            tok, done = self.decode_step(vla, cache, tok, done, steps[i], pad, n_valid, temp)
+            out.append(tok)
+        return torch.stack(out, dim=1), self._lengths(torch.stack(out, dim=1))
+
+    def _lengths(self, ids: Tensor) -> Tensor:
+        if self.end_id is None:
+            return torch.full(ids.shape[:1], ids.shape[1], dtype=torch.long, device=ids.device)
+        is_end = ids == self.end_id
+        first = is_end.long().argmax(-1)
+        return torch.where(is_end.any(-1), first, torch.full_like(first, ids.shape[1]))
+
+    def decode_actions(self, ids: Tensor, lengths: Tensor) -> tuple[Tensor, Tensor]:
+        """LM ids [B, T] + lengths [B] -> (actions fp32 [B, H, A] with padded dims 0, valid bool [B])."""
+        tok = self.tokenizer
+        b, c = ids.shape[0], self.cfg
+        out = torch.zeros(b, c.action_horizon, c.action_dim, device=ids.device)
+        if tok.fixed_length is not None:  # bins, in torch: no host sync
+            internal = self.lm_to_internal[ids]
+            valid = (internal >= 0).all(-1) & (lengths == tok.fixed_length)
+            centers = -1.0 + (internal.clamp(min=0).float() + 0.5) * (2.0 / tok.num_bins)
+            chunk = centers.view(b, c.action_horizon, tok.action_dim) * valid[:, None, None]
+        else:
+            chunk, valid = tok.decode_batch(ids.cpu().numpy(), lengths.cpu().numpy())
+            chunk, valid = torch.from_numpy(chunk).to(ids.device), torch.from_numpy(valid).to(ids.device)
+        out[:, :, : tok.action_dim] = chunk
+        return out, valid
+
+    def sample(
+        self, vla: VLA, batch: Batch, noise: Tensor | None = None, num_steps: int | None = None
+    ) -> Tensor:
+        """-> normalized actions fp32 [B, H, A] in [-1, 1]; validity in ``self.last_valid`` [B].
+        ``noise``/``num_steps`` belong to the flow head and are ignored."""
+        if self.cfg.tokens.decoding == "parallel":
+            actions, valid = self.sample_parallel(vla, batch)
+        else:
+            actions, valid = self.decode_actions(*self.generate(vla, batch))
+        self.last_valid = valid
+        return actions
+
+    def compile_decoding(self, **kwargs) -> None:
+        """torch.compile the hot part (fullgraph): the per-token decode step, or the one parallel
+        pass. The Python loop, prefill and FAST's BPE decode stay eager."""
+        kwargs = {"fullgraph": True, "dynamic": False, **kwargs}
+        _ = self.tokenizer  # build/attach (bins) before tracing
+        if self.cfg.tokens.decoding == "parallel":
+            self.sample_parallel = torch.compile(self.sample_parallel, **kwargs)
+        else:
+            self.decode_step = torch.compile(self.decode_step, **kwargs)
+
+    def sample_parallel(self, vla: VLA, batch: Batch) -> tuple[Tensor, Tensor]:
+        """OFT: every action position in one forward pass. -> (actions [B, H, A], valid [B])."""
+        b, length = batch["state"].shape[0], self.num_steps
+        queries = self.action_queries.weight[:length][None].expand(b, -1, -1)
+        h = self._run(vla, batch, queries, causal=False)[:, 1:]
+        ids = self.pick(self.logits(vla, h), 0.0)
+        actions, valid = self.decode_actions(ids, self._lengths(ids))
+        if self.regression is not None:
+            ad = self.tokenizer.action_dim
+            pred = self.regression(h).float().view(b, self.cfg.action_horizon, ad).clamp(-1, 1)
+            actions[:, :, :ad] = pred
+        return actions, valid

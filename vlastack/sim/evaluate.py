@@ -1,0 +1,287 @@
+"""Closed-loop evaluation: parallel rollouts, action chunking, Wilson intervals, plots and videos.
+
+    res = evaluate("runs/tiny/checkpoint", suite="builtin", episodes=100, num_workers=2,
+                   out_dir="runs/eval")
+    res["overall"]["success_rate"], res["overall"]["ci95"]
+
+Episode ``i`` runs task ``tasks[i % len(tasks)]`` with env seed ``seed + i`` (the default 1_000_000
+keeps evaluation layouts disjoint from data generation, which uses small seeds). Workers are
+spawned processes; each builds its own policy from the picklable spec (see ``policies.py``) so no
+model is ever pickled. A worker that dies is reported (``EvalWorkerError``) instead of hanging the
+run; a policy that returns a bad chunk stops the run with a ``PolicyOutputError`` naming it.
+
+Chunks: the policy is queried every ``steps_per_chunk`` steps (or when its chunk runs out). With
+``temporal_ensemble = m > 0`` every still-valid chunk votes for the current action with weight
+``exp(-m * i)``, i = 0 for the oldest (ACT's convention), which smooths chunk boundaries.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import multiprocessing as mp
+import os
+import time
+from concurrent.futures import FIRST_EXCEPTION, ProcessPoolExecutor, wait
+from concurrent.futures.process import BrokenProcessPool
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from vlastack.sim.policies import PolicySpec, build_policy, check_actions, policy_name
+
+
+class EvalWorkerError(RuntimeError):
+    """An evaluation worker process died (crash, os._exit, out of memory)."""
+
+
+def wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
+    """Wilson score interval for k successes in n trials (95% for z = 1.96)."""
+    if n == 0:
+        return (0.0, 1.0)
+    p = k / n
+    den = 1 + z * z / n
+    mid = (p + z * z / (2 * n)) / den
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / den
+    return (max(0.0, mid - half), min(1.0, mid + half))
+
+
+def run_episode(
+    env,
+    policy,
+    name: str,
+    seed: int,
+    steps_per_chunk: int = 8,
+    temporal_ensemble: float = 0.0,
+    record: bool = False,
+    episode: int = 0,
+) -> dict[str, Any]:
+    """One closed-loop episode. Returns {task, seed, prompt, success, steps, [frames uint8 [T,H,W,3]]}."""
+    obs, info = env.reset(seed=seed)
+    if hasattr(policy, "reset"):
+        policy.reset()
+    if getattr(policy, "needs_env", False):
+        policy.bind_env(env)
+    adim = env.action_space.shape[0]
+    task = getattr(env, "task_name", "?")
+    frames = [next(iter(obs["images"].values()))] if record else []
+    chunks: list[tuple[int, np.ndarray]] = []  # (step the chunk was predicted at, actions [H, A])
+    success, t, last = False, 0, -(10**9)
+    while True:
+        cur = chunks[-1] if chunks else None
+        if cur is None or t - last >= min(steps_per_chunk, len(cur[1])):
+            where = f"step {t} of episode {episode} (task {task}, seed {seed})"
+            chunks.append((t, check_actions(policy.infer(obs), adim, name, where)))
+            last = t
+        if temporal_ensemble > 0:
+            chunks = [(t0, c) for t0, c in chunks if t - t0 < len(c)]
+            w = np.exp(-temporal_ensemble * np.arange(len(chunks)))
+            action = sum(wi * c[t - t0] for wi, (t0, c) in zip(w, chunks)) / w.sum()
+        else:
+            action = chunks[-1][1][t - last]
+        obs, _, terminated, truncated, info = env.step(action.astype(np.float32))
+        t += 1
+        if record:
+            frames.append(next(iter(obs["images"].values())))
+        if terminated or truncated:
+            success = bool(info.get("success", terminated))
+            break
+    out = {
+        "episode": episode,
+        "task": task,
+        "seed": seed,
+        "prompt": obs["prompt"],
+        "success": success,
+        "steps": t,
+    }
+    if record:
+        out["frames"] = np.stack(frames)
+    return out
+
+
+# ----------------------------------------------------------------------------- worker side
+_WORKER: dict[str, Any] = {}
+
+
+def _init_worker(threads: int) -> None:
+    # Each worker gets its share of the cores; set before torch is imported by the policy.
+    for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ[k] = str(threads)
+
+
+def _episode_job(spec: PolicySpec, env_kw: dict, run_kw: dict, episode: int, task: str, seed: int) -> dict:
+    from vlastack.sim.env import make_env
+
+    if "policy" not in _WORKER:
+        _WORKER["policy"] = build_policy(spec)
+        if "torch" in __import__("sys").modules:
+            import torch
+
+            torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+    envs = _WORKER.setdefault("envs", {})
+    if task not in envs:
+        envs[task] = make_env(task, **env_kw)
+    return run_episode(envs[task], _WORKER["policy"], policy_name(spec), seed, episode=episode, **run_kw)
+
+
+# ----------------------------------------------------------------------------- main side
+def evaluate(
+    policy_factory: PolicySpec | Any,
+    suite: str = "builtin",
+    tasks: tuple[str, ...] | list[str] = (),
+    episodes: int = 100,
+    seed: int = 1_000_000,
+    num_workers: int = 2,
+    steps_per_chunk: int = 8,
+    temporal_ensemble: float = 0.0,
+    out_dir: str | Path | None = None,
+    videos: int = 4,
+    image_size: int = 64,
+    cameras: tuple[str, ...] | list[str] = ("scene", "wrist"),
+) -> dict[str, Any]:
+    """Evaluate a policy spec (or, with ``num_workers=0``, a policy object) on a suite.
+
+    Returns the ``eval.json`` dict: per-task and overall success with Wilson 95% CIs, the episode
+    list and timing. With ``out_dir`` also writes eval.json, eval.png and up to ``videos`` mp4s
+    (half successes, half failures when both exist).
+    """
+    from vlastack.sim.env import suite_tasks
+
+    names = suite_tasks(suite, tuple(tasks))
+    if episodes < 1 or steps_per_chunk < 1 or num_workers < 0 or temporal_ensemble < 0:
+        raise ValueError("need episodes >= 1, steps_per_chunk >= 1, num_workers >= 0, temporal_ensemble >= 0")
+    if num_workers > 0 and hasattr(policy_factory, "infer"):
+        raise ValueError(
+            "a policy object cannot be sent to worker processes; pass a spec ('random', 'expert', a "
+            "checkpoint path or a picklable factory) or use num_workers=0"
+        )
+    env_kw = {"image_size": image_size, "cameras": tuple(cameras), "suite": suite}
+    run_kw = {
+        "steps_per_chunk": steps_per_chunk,
+        "temporal_ensemble": temporal_ensemble,
+        "record": videos > 0,
+    }
+    jobs = [(i, names[i % len(names)], seed + i) for i in range(episodes)]
+    name = policy_name(policy_factory)
+    t0 = time.perf_counter()
+    if num_workers == 0:
+        from vlastack.sim.env import make_env
+
+        policy = build_policy(policy_factory)
+        envs = {t: make_env(t, **env_kw) for t in names}
+        results = [run_episode(envs[t], policy, name, s, episode=i, **run_kw) for i, t, s in jobs]
+        for e in envs.values():
+            e.close()
+    else:
+        results = _run_parallel(policy_factory, env_kw, run_kw, jobs, num_workers, name)
+    wall = time.perf_counter() - t0
+    res = summarize(results, names, name, suite, wall)
+    res["config"] = {
+        "episodes": episodes, "seed": seed, "num_workers": num_workers, "steps_per_chunk": steps_per_chunk,
+        "temporal_ensemble": temporal_ensemble, "image_size": image_size, "cameras": list(cameras),
+    }  # fmt: skip
+    if out_dir is not None:
+        write_outputs(res, results, Path(out_dir), videos)
+    return res
+
+
+def _run_parallel(spec, env_kw, run_kw, jobs, num_workers, name) -> list[dict]:
+    threads = max(1, (os.cpu_count() or 1) // num_workers)
+    ctx = mp.get_context("spawn")
+    ex = ProcessPoolExecutor(num_workers, mp_context=ctx, initializer=_init_worker, initargs=(threads,))
+    futs = {ex.submit(_episode_job, spec, env_kw, run_kw, *j): j for j in jobs}
+    try:
+        done, _ = wait(futs, return_when=FIRST_EXCEPTION)
+        for f in done:
+            exc = f.exception()
+            if isinstance(exc, BrokenProcessPool):
+                i, task, seed = futs[f]
+                finished = sum(1 for g in done if not g.exception())
+                raise EvalWorkerError(
+                    f"an evaluation worker process died (crashed, os._exit or killed) while evaluating "
+                    f"policy {name!r}, around episode {i} (task {task}, seed {seed}); {finished} of "
+                    f"{len(jobs)} episodes had finished. Re-run with num_workers=0 to see the error in-process."
+                ) from exc
+            if exc is not None:
+                raise exc
+        return sorted((f.result() for f in futs), key=lambda r: r["episode"])
+    finally:
+        ex.shutdown(wait=True, cancel_futures=True)
+
+
+def summarize(results: list[dict], tasks: tuple[str, ...], name: str, suite: str, wall_s: float) -> dict:
+    def stats(rs: list[dict]) -> dict:
+        k, n = sum(r["success"] for r in rs), len(rs)
+        lo, hi = wilson(k, n)
+        steps = float(np.mean([r["steps"] for r in rs])) if rs else 0.0
+        return {
+            "n": n,
+            "successes": k,
+            "success_rate": k / n if n else 0.0,
+            "ci95": [lo, hi],
+            "mean_steps": steps,
+        }
+
+    per_task = {t: stats([r for r in results if r["task"] == t]) for t in tasks}
+    rates = [v["success_rate"] for v in per_task.values() if v["n"]]
+    return {
+        "policy": name,
+        "suite": suite,
+        "tasks": per_task,
+        "overall": stats(results),
+        "mean_task_success": float(np.mean(rates)) if rates else 0.0,
+        "wall_s": wall_s,
+        "episodes": [{k: v for k, v in r.items() if k != "frames"} for r in results],
+    }
+
+
+def write_outputs(res: dict, results: list[dict], out: Path, videos: int) -> None:
+    """eval.json, eval.png (bar chart with Wilson CIs) and videos/*.mp4 under ``out``."""
+    out.mkdir(parents=True, exist_ok=True)
+    res["videos"] = write_videos(results, out / "videos", videos) if videos > 0 else []
+    (out / "eval.json").write_text(json.dumps(res, indent=2))
+    plot(res, out / "eval.png")
+
+
+def write_videos(results: list[dict], folder: Path, count: int) -> list[str]:
+    from vlastack.data.video import VideoEncoder
+
+    wins = [r for r in results if r["success"] and "frames" in r]
+    fails = [r for r in results if not r["success"] and "frames" in r]
+    n_win = min(len(wins), max(count - count // 2, count - len(fails)))
+    pick = wins[:n_win] + fails[: count - n_win]
+    folder.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for r in pick:
+        f = r["frames"]
+        scale = max(1, 256 // f.shape[1])  # upscale tiny frames so the video is watchable
+        f = np.ascontiguousarray(f.repeat(scale, 1).repeat(scale, 2))
+        tag = "success" if r["success"] else "failure"
+        path = folder / f"ep{r['episode']:04d}_{r['task']}_{tag}.mp4"
+        enc = VideoEncoder(path, fps=10, height=f.shape[1] // 2 * 2, width=f.shape[2] // 2 * 2, gop=10)
+        enc.write(f[:, : enc.height, : enc.width])
+        enc.close()
+        paths.append(str(path))
+    return paths
+
+
+def plot(res: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    labels = [*res["tasks"], "overall"]
+    stats = [*res["tasks"].values(), res["overall"]]
+    rates = np.array([s["success_rate"] for s in stats])
+    err = np.array([[r - s["ci95"][0], s["ci95"][1] - r] for r, s in zip(rates, stats)]).T
+    fig, ax = plt.subplots(figsize=(1.2 * len(labels) + 2, 3.5))
+    ax.bar(labels, rates, yerr=err, capsize=4, color=["C0"] * (len(labels) - 1) + ["C1"])
+    ax.set_ylim(0, 1.05)
+    ax.set_ylabel("success rate (95% Wilson CI)")
+    ax.set_title(f"{res['policy']} on {res['suite']} ({res['overall']['n']} episodes)")
+    plt.setp(ax.get_xticklabels(), rotation=20, ha="right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)

@@ -1,0 +1,168 @@
+"""Scripted-expert demonstrations -> a LeRobot v3 dataset (``vla data generate``).
+
+Rollouts run in spawned worker processes that return episode arrays; the main process alone
+writes, through ``vlastack.data.lerobot.LeRobotWriter``. Only successful episodes are recorded
+(failed seeds are replaced by fresh ones); the expert's success rate is reported and saved.
+
+Noise (DART-style): the executed action is the expert's plus Gaussian noise of std ``noise`` on
+dx, dy, dz, while the recorded ``action`` is the clean expert action for the state actually seen,
+so demos cover small deviations together with the correction back.
+
+Episode ``k`` uses task ``tasks[k % len(tasks)]`` and seed ``seed + k``. The instruction is the
+LeRobot task string; ``meta/vlastack_sim.json`` keeps suite, family, seed and prompt per episode.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing as mp
+import time
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+EVAL_SEED_START = 1_000_000  # EvalConfig.seed: generation seeds must stay below it
+STATE_NAMES = ["ee_x", "ee_y", "ee_z", "gripper_opening", "holding"]
+ACTION_NAMES = ["dx", "dy", "dz", "grip"]
+_ENVS: dict[str, Any] = {}
+
+
+def rollout_expert(env, seed: int, noise: float = 0.0) -> dict[str, Any]:
+    """One expert episode -> {success, prompt, length, images {cam: uint8 [T,H,W,3]}, state, action}."""
+    obs, _ = env.reset(seed=seed)
+    rng = np.random.default_rng([seed, 7])
+    imgs: dict[str, list] = {c: [] for c in obs["images"]}
+    states, actions, ok = [], [], False
+    for _ in range(env.max_steps):
+        a = np.asarray(env.expert_action(), np.float32)
+        for c, im in obs["images"].items():
+            imgs[c].append(im)
+        states.append(obs["state"])
+        actions.append(a)
+        act = a.copy()
+        if noise > 0:
+            act[:3] = np.clip(act[:3] + rng.normal(0.0, noise, 3), -1.0, 1.0)
+        obs, _, terminated, truncated, info = env.step(act)
+        if terminated or truncated:
+            ok = bool(info.get("success", terminated))
+            break
+    return {
+        "success": ok,
+        "prompt": obs["prompt"],
+        "length": len(actions),
+        "images": {c: np.stack(v) for c, v in imgs.items()},
+        "state": np.stack(states).astype(np.float32),
+        "action": np.stack(actions).astype(np.float32),
+    }
+
+
+def _job(task: str, seed: int, env_kw: dict, noise: float) -> dict[str, Any]:
+    from vlastack.sim.env import make_env
+
+    if task not in _ENVS:
+        _ENVS[task] = make_env(task, **env_kw)
+    ep = rollout_expert(_ENVS[task], seed, noise)
+    ep.update(task=task, seed=seed)
+    if not ep["success"]:  # don't ship frames we will not write
+        ep.pop("images"), ep.pop("state"), ep.pop("action")
+    return ep
+
+
+def generate(
+    out: str | Path,
+    suite: str = "builtin",
+    tasks: tuple[str, ...] | list[str] = (),
+    episodes: int = 100,
+    workers: int = 2,
+    image_size: int = 64,
+    cameras: tuple[str, ...] | list[str] = ("scene", "wrist"),
+    noise: float = 0.0,
+    seed: int = 0,
+    overwrite: bool = False,
+) -> dict[str, Any]:
+    """Write ``episodes`` successful expert demos to a LeRobot v3 dataset at ``out``; returns a report."""
+    from vlastack.data.lerobot import LeRobotWriter
+    from vlastack.sim.env import make_env, suite_tasks
+
+    names = suite_tasks(suite, tuple(tasks))
+    if episodes < 1 or workers < 0 or noise < 0:
+        raise ValueError("need episodes >= 1, workers >= 0 and noise >= 0")
+    max_attempts = 2 * episodes + 10
+    if seed < 0 or seed + max_attempts > EVAL_SEED_START:
+        raise ValueError(
+            f"generation seeds {seed}..{seed + max_attempts} must lie in [0, {EVAL_SEED_START}) to stay "
+            "disjoint from evaluation seeds"
+        )
+    env_kw = {"image_size": image_size, "cameras": tuple(cameras), "suite": suite}
+    probe = make_env(names[0], **env_kw)
+    state_dim, action_dim = probe.observation_space["state"].shape[0], probe.action_space.shape[0]
+    fps = int(probe.metadata.get("render_fps", 10))
+    probe.close()
+    img_ft = {
+        "dtype": "video",
+        "shape": [image_size, image_size, 3],
+        "names": ["height", "width", "channels"],
+    }
+    features = {f"observation.images.{c}": dict(img_ft) for c in cameras}
+    features["observation.state"] = {"dtype": "float32", "shape": [state_dim], "names": None}
+    features["action"] = {"dtype": "float32", "shape": [action_dim], "names": None}
+    if suite == "builtin":
+        features["observation.state"]["names"] = STATE_NAMES
+        features["action"]["names"] = ACTION_NAMES
+    writer = LeRobotWriter(
+        out, fps=fps, features=features, robot_type=f"vlastack_{suite}", overwrite=overwrite
+    )
+
+    t0 = time.perf_counter()
+    meta: list[dict] = []
+    attempts: dict[str, list[int]] = {t: [0, 0] for t in names}  # task -> [tries, successes]
+    next_k = 0
+    ex = ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn")) if workers > 0 else None
+    try:
+        while len(meta) < episodes:
+            if next_k >= max_attempts:
+                raise RuntimeError(f"the expert failed too often: {len(meta)} successes in {next_k} attempts")
+            want = episodes - len(meta)
+            ks = range(next_k, next_k + want)
+            next_k += want
+            args = [(names[k % len(names)], seed + k, env_kw, noise) for k in ks]
+            results = ex.map(_job, *zip(*args)) if ex else (_job(*a) for a in args)
+            for ep in results:
+                attempts[ep["task"]][0] += 1
+                if not ep["success"]:
+                    continue
+                attempts[ep["task"]][1] += 1
+                data = {f"observation.images.{c}": ep["images"][c] for c in cameras}
+                data.update({"observation.state": ep["state"], "action": ep["action"]})
+                idx = writer.add_episode(data, task=ep["prompt"])
+                meta.append({"episode_index": idx, "task": ep["task"], "seed": ep["seed"],
+                             "prompt": ep["prompt"], "length": ep["length"]})  # fmt: skip
+                if len(meta) == episodes:
+                    break
+        root = writer.finalize()
+    except BaseException:
+        writer.abort()
+        raise
+    finally:
+        if ex:
+            ex.shutdown(cancel_futures=True)
+    rates = {t: (s / n if n else None) for t, (n, s) in attempts.items()}
+    report = {
+        "suite": suite,
+        "tasks": list(names),
+        "episodes": len(meta),
+        "attempts": sum(n for n, _ in attempts.values()),
+        "expert_success": rates,
+        "frames": int(sum(m["length"] for m in meta)),
+        "image_size": image_size,
+        "cameras": list(cameras),
+        "noise": noise,
+        "seed": seed,
+        "wall_s": time.perf_counter() - t0,
+    }
+    (Path(root) / "meta" / "vlastack_sim.json").write_text(
+        json.dumps({**report, "episode_info": meta}, indent=1)
+    )
+    return report

@@ -1,0 +1,127 @@
+"""Checkpoint folders: write atomically, keep the last K, point to the latest, check on resume.
+
+Layout of ``<run>/checkpoints/step_0000100/``::
+
+    model.safetensors, config.json   the model (``VLA.save_pretrained``; LoRA runs: merged export)
+    config.yaml                      the full Config
+    norm_stats.json                  the data Normalizer
+    ema/                             the same files with EMA weights (when train.ema_decay > 0)
+    adapter.safetensors              LoRA runs: only the trained adapter tensors
+    train_state/                     optimizer, scheduler, scaler, EMA, data position, step
+                                     (state.safetensors + state.json), RNG per rank (rng_rankR.*)
+
+A checkpoint is written under ``.tmp-step_...``, fsynced, then renamed; ``checkpoints/latest``
+(a text file with the folder name) is replaced atomically afterwards, so a crash at any point
+leaves the previous checkpoint intact. ``<run>/final`` holds the last step's exported policy.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+from vlastack.config import Config, load_yaml, save_yaml, to_dict
+from vlastack.train.state import atomic_write_text, fsync_file, fsync_tree
+
+LATEST = "latest"
+
+
+def step_name(step: int) -> str:
+    return f"step_{step:07d}"
+
+
+def checkpoint_root(run_dir: str | Path) -> Path:
+    return Path(run_dir) / "checkpoints"
+
+
+def tmp_dir(run_dir: str | Path, step: int) -> Path:
+    return checkpoint_root(run_dir) / f".tmp-{step_name(step)}"
+
+
+def write_common(folder: Path, cfg: Config, normalizer: Any) -> None:
+    """config.yaml + norm_stats.json: what a policy needs beside the weights."""
+    save_yaml(cfg, folder / "config.yaml")
+    if normalizer is not None:
+        normalizer.save(folder / "norm_stats.json")
+
+
+def commit(run_dir: str | Path, step: int, keep_last: int) -> Path:
+    """Make the temp folder of ``step`` the newest checkpoint; drop all but the last ``keep_last``."""
+    root = checkpoint_root(run_dir)
+    tmp, final = tmp_dir(run_dir, step), root / step_name(step)
+    fsync_tree(tmp)
+    if final.exists():  # re-saving the same step (e.g. after a resume): replace it
+        shutil.rmtree(final)
+    os.replace(tmp, final)
+    fsync_file(root)
+    atomic_write_text(root / LATEST, final.name + "\n")
+    steps = sorted(p for p in root.glob("step_*") if p.is_dir())
+    for old in steps[:-keep_last]:
+        shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def latest_checkpoint(run_dir: str | Path) -> Path | None:
+    """The folder named by ``checkpoints/latest``, or the highest step folder, or None."""
+    root = checkpoint_root(run_dir)
+    ptr = root / LATEST
+    if ptr.exists():
+        p = root / ptr.read_text().strip()
+        if p.is_dir():
+            return p
+    steps = sorted(p for p in root.glob("step_*") if p.is_dir())
+    return steps[-1] if steps else None
+
+
+def export_final(run_dir: str | Path, ckpt: Path) -> Path:
+    """Copy the policy files of ``ckpt`` (no training state) to ``<run>/final`` (atomic rename)."""
+    run_dir = Path(run_dir)
+    tmp, final = run_dir / ".tmp-final", run_dir / "final"
+    shutil.rmtree(tmp, ignore_errors=True)
+    shutil.copytree(ckpt, tmp, ignore=shutil.ignore_patterns("train_state"))
+    fsync_tree(tmp)
+    if final.exists():
+        shutil.rmtree(final)
+    os.replace(tmp, final)
+    return final
+
+
+# Training settings that change what the saved state means: resuming across a change is refused.
+STATE_KEYS = ("optimizer", "lora_rank", "lora_targets", "lora_alpha")
+
+
+def _diff(a: Any, b: Any, prefix: str) -> list[str]:
+    if isinstance(a, dict) and isinstance(b, dict):
+        out = []
+        for k in sorted(set(a) | set(b)):
+            out += _diff(a.get(k), b.get(k), f"{prefix}.{k}")
+        return out
+    return [] if a == b else [f"{prefix} is {a!r} in the checkpoint but {b!r} now"]
+
+
+def check_compatible(ckpt: Path, cfg: Config) -> Config:
+    """Raise ``ValueError`` with every reason ``cfg`` cannot resume from ``ckpt``; returns its Config."""
+    if not (ckpt / "config.yaml").exists() or not (ckpt / "train_state" / "state.json").exists():
+        raise ValueError(
+            f"cannot resume from {ckpt}: not a training checkpoint (config.yaml/train_state missing)"
+        )
+    try:
+        old = load_yaml(ckpt / "config.yaml")
+    except ValueError as e:
+        raise ValueError(f"cannot resume from {ckpt}: its config.yaml is invalid ({e})") from None
+    reasons = _diff(to_dict(old.model), to_dict(cfg.model), "model")
+    ot, nt = to_dict(old.train), to_dict(cfg.train)
+    for k in STATE_KEYS:
+        reasons += _diff(ot[k], nt[k], f"train.{k}")
+    for k in ("lr_vision", "lr_vlm", "lr_expert"):  # which parts are frozen fixes the optimizer groups
+        if (ot[k] == 0) != (nt[k] == 0):
+            reasons.append(
+                f"train.{k}: a part frozen in one run is trained in the other ({ot[k]} vs {nt[k]})"
+            )
+    if (ot["ema_decay"] > 0) != (nt["ema_decay"] > 0):
+        reasons.append("train.ema_decay: EMA is on in one run and off in the other")
+    if reasons:
+        raise ValueError(f"cannot resume from {ckpt}: " + "; ".join(reasons))
+    return old

@@ -1,0 +1,115 @@
+"""Run logs on rank 0: a progress line, metrics.jsonl, TensorBoard scalars and loss-curve plots."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+
+class RunLogger:
+    """Writes ``metrics.jsonl`` (one JSON object per logged step), TensorBoard events under
+    ``tb/``, and prints progress: an updating bar on a TTY, plain lines otherwise."""
+
+    def __init__(self, run_dir: str | Path, total_steps: int, start_step: int = 0, enabled: bool = True):
+        self.run_dir, self.total, self.enabled = Path(run_dir), total_steps, enabled
+        self.t0 = time.perf_counter()
+        self.tty = sys.stdout.isatty()
+        self.tb = None
+        if not enabled:
+            return
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.path = self.run_dir / "metrics.jsonl"
+        self._truncate_after(start_step)
+        self.file = open(self.path, "a")  # noqa: SIM115 - closed in close()
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self.tb = SummaryWriter(str(self.run_dir / "tb"), purge_step=start_step + 1)
+        except ImportError:  # tensorboard is a dependency, but the logs must not die without it
+            self.tb = None
+
+    def _truncate_after(self, step: int) -> None:
+        """On resume, drop records past the resumed step so the file reads as one run."""
+        if not self.path.exists():
+            return
+        keep = [
+            ln for ln in self.path.read_text().splitlines() if ln and json.loads(ln).get("step", 0) <= step
+        ]
+        self.path.write_text("".join(ln + "\n" for ln in keep))
+
+    def log(self, step: int, metrics: dict[str, Any], prefix: str = "train") -> None:
+        if not self.enabled:
+            return
+        rec = {"step": step, **{f"{prefix}/{k}": v for k, v in metrics.items()}}
+        self.file.write(json.dumps(rec) + "\n")
+        self.file.flush()
+        if self.tb is not None:
+            for k, v in metrics.items():
+                if isinstance(v, int | float):
+                    self.tb.add_scalar(f"{prefix}/{k}", v, step)
+
+    def progress(self, step: int, m: dict[str, Any]) -> None:
+        if not self.enabled:
+            return
+        elapsed = time.perf_counter() - self.t0
+        width = 24
+        done = int(width * step / max(1, self.total))
+        bar = "#" * done + "." * (width - done)
+        line = (
+            f"[{bar}] {step}/{self.total} loss {m['loss']:.4f} lr {m['lr']:.2e} "
+            f"gnorm {m['grad_norm']:.2f} {m['samples_per_s']:.1f} samples/s "
+            f"data-wait {100 * m['data_wait']:.0f}% mem {m['peak_mem_mb']:.0f} MiB {elapsed:.0f}s"
+        )
+        if self.tty:
+            print("\r" + line, end="\n" if step >= self.total else "", flush=True)
+        else:
+            print(line, flush=True)
+
+    def message(self, text: str) -> None:
+        if self.enabled:
+            print(("\n" if self.tty else "") + text, flush=True)
+
+    def close(self) -> None:
+        if not self.enabled:
+            return
+        self.file.close()
+        if self.tb is not None:
+            self.tb.close()
+
+
+def read_metrics(path: str | Path) -> list[dict]:
+    p = Path(path)
+    return [json.loads(ln) for ln in p.read_text().splitlines() if ln] if p.exists() else []
+
+
+def plot_loss(metrics_path: str | Path, out_png: str | Path) -> Path | None:
+    """Loss (and learning rate) against step from metrics.jsonl -> PNG. None if nothing logged."""
+    recs = [r for r in read_metrics(metrics_path) if "train/loss" in r]
+    if not recs:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    steps = [r["step"] for r in recs]
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    ax.plot(steps, [r["train/loss"] for r in recs], lw=1, label="train loss")
+    ax.set_yscale("log")
+    ax.set_xlabel("step")
+    ax.set_ylabel("loss")
+    ax2 = ax.twinx()
+    ax2.plot(steps, [r["train/lr"] for r in recs], color="C1", lw=0.8, alpha=0.6, label="lr")
+    ax2.set_ylabel("learning rate")
+    evals = [r for r in read_metrics(metrics_path) if "eval/success_rate" in r]
+    if evals:
+        ax.set_title(
+            "eval success: " + ", ".join(f"{r['step']}: {r['eval/success_rate']:.0%}" for r in evals[-4:])
+        )
+    fig.tight_layout()
+    fig.savefig(out_png, dpi=100)
+    plt.close(fig)
+    return Path(out_png)

@@ -1,0 +1,157 @@
+"""Optimizer pieces: per-part parameter groups, AdamW (or 8-bit AdamW), warmup + cosine, EMA.
+
+Parts of a ``VLA`` (for ``train.lr_vision`` / ``lr_vlm`` / ``lr_expert``; a learning rate of 0
+freezes the part):
+
+- vision: ``vision.*`` and ``projector.*``
+- expert: ``decoder.layers.*.expert.*``, ``decoder.expert_norm.*`` and ``head.*``
+- vlm: the rest of ``decoder.*`` (embeddings, VLM blocks, final norm)
+
+Weight decay applies to matrices only (not to norms, biases or 1-d parameters).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from vlastack.config import TrainConfig
+
+PARTS = ("vision", "vlm", "expert")
+
+
+def part_of(name: str) -> str:
+    """Which part a parameter name of a ``VLA`` belongs to (see module docstring)."""
+    n = name.removeprefix("module.").removeprefix("_orig_mod.")
+    if n.startswith(("vision.", "projector.")):
+        return "vision"
+    if n.startswith("head.") or ".expert." in n or n.startswith("decoder.expert_norm"):
+        return "expert"
+    return "vlm"
+
+
+def part_lrs(cfg: TrainConfig) -> dict[str, float]:
+    lrs = {"vision": cfg.lr_vision, "vlm": cfg.lr_vlm, "expert": cfg.lr_expert}
+    return {k: cfg.lr if v is None else v for k, v in lrs.items()}
+
+
+def freeze_parts(model: nn.Module, cfg: TrainConfig) -> list[str]:
+    """Set ``requires_grad=False`` on the parts whose learning rate is 0. Returns the frozen parts."""
+    frozen = [p for p, lr in part_lrs(cfg).items() if lr == 0]
+    for name, p in model.named_parameters():
+        if part_of(name) in frozen:
+            p.requires_grad_(False)
+    return frozen
+
+
+def param_groups(model: nn.Module, cfg: TrainConfig) -> list[dict]:
+    """One group per (part, decay) with parameters that require grad; ``base_lr`` kept per group."""
+    lrs = part_lrs(cfg)
+    groups: dict[tuple[str, bool], list] = {}
+    for name, p in model.named_parameters():
+        if not p.requires_grad:
+            continue
+        decay = p.ndim >= 2 and "embed" not in name
+        groups.setdefault((part_of(name), decay), []).append(p)
+    out = []
+    for (part, decay), params in sorted(groups.items()):
+        out.append(
+            {
+                "params": params,
+                "lr": lrs[part],
+                "base_lr": lrs[part],
+                "weight_decay": cfg.weight_decay if decay else 0.0,
+                "name": f"{part}{'' if decay else '.no_decay'}",
+            }
+        )
+    if not out:
+        raise ValueError("no trainable parameters: every part is frozen (lr 0) or requires_grad is False")
+    return out
+
+
+def build_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer:
+    groups = param_groups(model, cfg)
+    if cfg.optimizer == "adamw8bit":
+        try:
+            import bitsandbytes as bnb
+        except ImportError:
+            raise ValueError(
+                "train.optimizer=adamw8bit needs bitsandbytes: pip install -e '.[bnb]' "
+                "(or use train.optimizer=adamw)"
+            ) from None
+        return bnb.optim.AdamW8bit(groups, lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay)
+    dev = next(p.device for g in groups for p in g["params"])
+    # fused kernels on CUDA; foreach elsewhere. Neither changes the math.
+    kw = {"fused": True} if dev.type == "cuda" else {"foreach": True}
+    return torch.optim.AdamW(groups, lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay, **kw)
+
+
+def lr_factor(step: int, cfg: TrainConfig) -> float:
+    """Linear warmup from 0 to 1 over ``warmup_steps``, then cosine down to ``min_lr_ratio``."""
+    if step < cfg.warmup_steps:
+        return (step + 1) / cfg.warmup_steps
+    span = max(1, cfg.steps - cfg.warmup_steps)
+    progress = min(1.0, (step - cfg.warmup_steps) / span)
+    return cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+class WarmupCosine(torch.optim.lr_scheduler.LRScheduler):
+    """``lr = base_lr * lr_factor(step)`` per group; the state is plain numbers (JSON-friendly)."""
+
+    def __init__(self, optimizer: torch.optim.Optimizer, cfg: TrainConfig, last_epoch: int = -1) -> None:
+        self.tcfg = cfg
+        super().__init__(optimizer, last_epoch)
+
+    def get_lr(self) -> list[float]:
+        f = lr_factor(self.last_epoch, self.tcfg)
+        return [base * f for base in self.base_lrs]
+
+    def state_dict(self) -> dict:
+        return {k: v for k, v in super().state_dict().items() if k not in ("tcfg", "optimizer")}
+
+
+class EMA:
+    """Exponential moving average of the trainable parameters, kept in fp32.
+
+    ``shadow[i] = decay * shadow[i] + (1 - decay) * param[i]`` after every optimizer step. Under
+    FSDP2 parameters are DTensors and the average is kept on the local shards.
+    """
+
+    def __init__(self, model: nn.Module, decay: float) -> None:
+        self.decay = decay
+        self.names = [n for n, p in model.named_parameters() if p.requires_grad]
+        params = dict(model.named_parameters())
+        self.shadow = [_local(params[n]).detach().float().clone() for n in self.names]
+
+    @torch.no_grad()
+    def update(self, model: nn.Module) -> None:
+        params = dict(model.named_parameters())
+        cur = [_local(params[n]).detach().float() for n in self.names]
+        torch._foreach_lerp_(self.shadow, cur, 1.0 - self.decay)
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        return dict(zip(self.names, self.shadow))
+
+    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        missing = [n for n in self.names if n not in state]
+        if missing:
+            raise ValueError(f"EMA state lacks {missing[:3]}")
+        for i, n in enumerate(self.names):
+            self.shadow[i].copy_(state[n])
+
+    @torch.no_grad()
+    def swap(self, model: nn.Module) -> None:
+        """Exchange model weights and EMA weights (call twice to restore)."""
+        params = dict(model.named_parameters())
+        for i, n in enumerate(self.names):
+            p = _local(params[n])
+            tmp = p.detach().clone()
+            p.copy_(self.shadow[i].to(p.dtype))
+            self.shadow[i].copy_(tmp.float())
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    """The local shard of a DTensor (FSDP2), the tensor itself otherwise."""
+    return t.to_local() if hasattr(t, "to_local") else t

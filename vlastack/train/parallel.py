@@ -1,0 +1,159 @@
+"""Distributed setup and the functions that apply memory/parallel strategies to a built model.
+
+Nothing here lives in model code: the model stays a plain ``nn.Module`` and these functions wrap
+or patch it from the outside.
+
+- ``apply_activation_checkpointing(model)``: recompute each transformer block in backward.
+- ``apply_ddp(model)``: ``DistributedDataParallel`` (returns the wrapper).
+- ``apply_fsdp(model, mp_policy)``: FSDP2 ``fully_shard`` per block, then the root (in place).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+
+@dataclass(frozen=True)
+class DistInfo:
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def enabled(self) -> bool:
+        return self.world_size > 1
+
+
+def init_distributed(device_type: str) -> DistInfo:
+    """Join the process group when launched by ``torchrun`` (WORLD_SIZE > 1); no-op otherwise."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world <= 1:
+        return DistInfo()
+    if not dist.is_initialized():
+        dist.init_process_group("nccl" if device_type == "cuda" else "gloo")
+    local = int(os.environ.get("LOCAL_RANK", "0"))
+    if device_type == "cuda":
+        torch.cuda.set_device(local)
+    return DistInfo(dist.get_rank(), dist.get_world_size(), local)
+
+
+def dist_info() -> DistInfo:
+    if dist.is_available() and dist.is_initialized():
+        return DistInfo(dist.get_rank(), dist.get_world_size(), int(os.environ.get("LOCAL_RANK", "0")))
+    return DistInfo()
+
+
+def blocks(model: nn.Module) -> list[nn.Module]:
+    """The per-block units of a VLA: its decoder ``JointLayer``s and vision encoder layers."""
+    out: list[nn.Module] = []
+    for path in ("decoder.layers", "vision.layers"):
+        try:
+            out.extend(model.get_submodule(path))
+        except AttributeError:
+            continue
+    if not out:
+        raise ValueError(f"{type(model).__name__} has no decoder.layers / vision.layers to wrap")
+    return out
+
+
+def _checkpointed(forward, *args, **kwargs):
+    return checkpoint(forward, *args, use_reentrant=False, **kwargs)
+
+
+def apply_activation_checkpointing(model: nn.Module) -> int:
+    """Recompute each block's activations during backward (saves memory, costs ~1 extra forward).
+
+    Patches the instance ``forward`` so parameter names and state dicts are unchanged and FSDP2
+    hooks (registered on ``__call__``) still see the block. Returns the number of blocks patched.
+    """
+    n = 0
+    for block in blocks(model):
+        if getattr(block, "_vla_checkpointed", False):
+            continue
+        block.forward = functools.partial(_checkpointed, block.forward)
+        block._vla_checkpointed = True
+        n += 1
+    return n
+
+
+def apply_ddp(model: nn.Module, device: torch.device) -> nn.Module:
+    """Wrap in DDP. Frozen parameters are skipped by DDP; every trainable one must get a gradient."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    ids = [device.index] if device.type == "cuda" else None
+    return DDP(model, device_ids=ids)
+
+
+def apply_fsdp(model: nn.Module, mp_policy=None, reshard_after_forward: bool = True) -> nn.Module:
+    """FSDP2: ``fully_shard`` every block, then the whole model (in place; returns it).
+
+    ``mp_policy`` is a ``MixedPrecisionPolicy`` (e.g. bf16 params, fp32 reductions) or None.
+    """
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    mp_policy = mp_policy or MixedPrecisionPolicy()
+    for block in blocks(model):
+        fully_shard(block, mp_policy=mp_policy, reshard_after_forward=reshard_after_forward)
+    fully_shard(model, mp_policy=mp_policy, reshard_after_forward=reshard_after_forward)
+    return model
+
+
+def fsdp_mp_policy(precision: str):
+    """The ``MixedPrecisionPolicy`` for ``train.precision``: low-precision params, fp32 reductions."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    dt = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
+    if dt is None:
+        return MixedPrecisionPolicy()
+    return MixedPrecisionPolicy(param_dtype=dt, reduce_dtype=torch.float32)
+
+
+@contextlib.contextmanager
+def no_grad_sync(model: nn.Module, skip: bool) -> Iterator[None]:
+    """Skip the gradient all-reduce for a micro-step that does not step the optimizer.
+
+    DDP: ``no_sync()``. FSDP2: ``set_requires_gradient_sync(False)`` (gradients stay unsharded and
+    accumulate locally until the stepping micro-step reduce-scatters them).
+    """
+    if not skip:
+        if hasattr(model, "set_requires_gradient_sync"):
+            model.set_requires_gradient_sync(True)
+        yield
+        return
+    if hasattr(model, "no_sync"):
+        with model.no_sync():
+            yield
+    elif hasattr(model, "set_requires_gradient_sync"):
+        model.set_requires_gradient_sync(False)
+        yield
+    else:
+        yield
+
+
+def all_reduce_mean(x: torch.Tensor) -> torch.Tensor:
+    """Mean over ranks (identity without a process group)."""
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        x = x.detach().clone()
+        dist.all_reduce(x)
+        x /= dist.get_world_size()
+    return x
+
+
+def unwrap(model: nn.Module) -> nn.Module:
+    """The underlying model of a DDP / compiled wrapper."""
+    while hasattr(model, "module") or hasattr(model, "_orig_mod"):
+        model = getattr(model, "module", None) or model._orig_mod
+    return model

@@ -1,0 +1,92 @@
+"""One optimizer step: micro-batches with autocast and (fp16) loss scaling, no sync on the
+non-stepping micro-steps, global-norm clipping, and skipping of non-finite steps."""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from vlastack.batch import Batch
+from vlastack.train.parallel import all_reduce_mean, no_grad_sync
+
+DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+@dataclass
+class StepResult:
+    loss: float  # mean over micro-batches and ranks (NaN/inf when the step was bad)
+    grad_norm: float  # global norm before clipping (NaN when not computed)
+    ok: bool  # the optimizer applied the update
+    scaled_skip: bool = False  # fp16: GradScaler found inf/NaN gradients and skipped (not an error)
+
+
+def autocast_ctx(device_type: str, precision: str, enabled: bool = True):
+    dt = DTYPES[precision]
+    if dt is None or not enabled:
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=device_type, dtype=dt)
+
+
+def make_scaler(device_type: str, precision: str) -> torch.amp.GradScaler | None:
+    return torch.amp.GradScaler(device_type) if precision == "fp16" else None
+
+
+def grad_norm_(params: list[nn.Parameter], max_norm: float) -> torch.Tensor:
+    """Global L2 norm of the gradients (all ranks); clips in place when ``max_norm > 0``."""
+    norm = torch.nn.utils.clip_grad_norm_(params, max_norm if max_norm > 0 else float("inf"))
+    if hasattr(norm, "full_tensor"):  # FSDP2: a DTensor, already reduced over shards
+        norm = norm.full_tensor()
+    return norm
+
+
+def train_step(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    micro_batches: list[Batch],
+    *,
+    device_type: str = "cpu",
+    precision: str = "fp32",
+    scaler: torch.amp.GradScaler | None = None,
+    grad_clip: float = 1.0,
+    autocast: bool = True,
+    loss_kwargs: list[dict] | None = None,
+) -> StepResult:
+    """Accumulate gradients over ``micro_batches`` and step ``optimizer`` once.
+
+    Each micro-batch loss is divided by the number of micro-batches, so the update equals one
+    step on their union (for equal-weight losses). ``autocast=False`` when FSDP2's mixed-precision
+    policy already casts. A non-finite loss (on any rank) skips the update and reports ``ok=False``.
+    """
+    n = len(micro_batches)
+    params = [p for g in optimizer.param_groups for p in g["params"]]
+    total = torch.zeros((), device=micro_batches[0]["state"].device)
+    for i, mb in enumerate(micro_batches):
+        kw = loss_kwargs[i] if loss_kwargs else {}
+        with no_grad_sync(model, skip=i < n - 1), autocast_ctx(device_type, precision, autocast):
+            loss = model(mb, **kw)["loss"] / n
+        (scaler.scale(loss) if scaler is not None else loss).backward()
+        total += loss.detach().float()
+    mean_loss = all_reduce_mean(total)
+    loss_val = float(mean_loss)
+    if not torch.isfinite(mean_loss):
+        optimizer.zero_grad(set_to_none=True)
+        return StepResult(loss_val, float("nan"), ok=False)
+    if scaler is not None:
+        scaler.unscale_(optimizer)
+    norm = float(grad_norm_(params, grad_clip))
+    if scaler is not None:
+        scale_before = scaler.get_scale()
+        scaler.step(optimizer)  # skips the update itself when gradients hold inf/NaN
+        scaler.update()
+        skipped = scaler.get_scale() < scale_before
+        optimizer.zero_grad(set_to_none=True)
+        return StepResult(loss_val, norm, ok=not skipped, scaled_skip=skipped)
+    if not (norm == norm and abs(norm) != float("inf")):
+        optimizer.zero_grad(set_to_none=True)
+        return StepResult(loss_val, norm, ok=False)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return StepResult(loss_val, norm, ok=True)

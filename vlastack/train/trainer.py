@@ -1,0 +1,433 @@
+"""The training loop behind ``vla train``: one CPU to many GPUs under ``torchrun``.
+
+    Trainer(cfg, data_path="data/demo", run_dir="runs/x", resume=False).fit()
+
+Batch size is per rank and per micro-step: an optimizer step sees
+``train.batch_size * train.grad_accum * world_size`` samples. Logging, checkpoint writing and
+evaluation run on rank 0; collective parts (gathering FSDP2 shards) run on every rank.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from safetensors.torch import load_file, save_file
+from torch.utils.data import default_collate
+
+from vlastack.batch import Batch, to_device, validate_batch
+from vlastack.config import Config, save_yaml
+from vlastack.diagnostics.memory import peak_memory_mb
+from vlastack.models.vla import VLA, build_model
+from vlastack.nn.lora import apply_lora, lora_state_dict, remove_lora
+from vlastack.train import checkpoint as ck
+from vlastack.train.data import MemoryDataset, ResumableBatchSampler, batch_iterator
+from vlastack.train.logs import RunLogger, plot_loss
+from vlastack.train.optim import EMA, WarmupCosine, build_optimizer, freeze_parts
+from vlastack.train.parallel import (
+    apply_activation_checkpointing,
+    apply_ddp,
+    apply_fsdp,
+    fsdp_mp_policy,
+    init_distributed,
+)
+from vlastack.train.state import load_state, rng_state, save_state, set_rng_state
+from vlastack.train.step import make_scaler, train_step
+
+
+class TrainingDiverged(RuntimeError):
+    """Too many consecutive steps had a NaN/inf loss or gradient."""
+
+
+def check_dataset_fits(dataset, cfg: Config) -> list[str]:
+    """Refuse (``ValueError``) a dataset whose samples do not fit ``cfg.model``; returns warnings."""
+    sample = dataset[0]
+    batch = default_collate([sample])
+    try:
+        validate_batch(batch, cfg.model, train=True)
+    except (ValueError, TypeError) as e:
+        raise ValueError(f"the dataset does not fit the model config: {e}") from None
+    warnings = []
+    missing = [c for c, ok in zip(cfg.model.camera_names, sample["image_mask"].tolist()) if not ok]
+    if missing:
+        warnings.append(
+            f"cameras {missing} of model.camera_names are not in the dataset (fed as masked zeros)"
+        )
+    return warnings
+
+
+class Trainer:
+    def __init__(
+        self,
+        cfg: Config,
+        data_path: str | Path | None = None,
+        run_dir: str | Path | None = None,
+        resume: bool = False,
+        device: str | torch.device | None = None,
+        dataset=None,
+        verbose: bool = True,
+    ) -> None:
+        t = cfg.train
+        dev_type = torch.device(device).type if device else ("cuda" if torch.cuda.is_available() else "cpu")
+        self.dist = init_distributed(dev_type)
+        self.device = torch.device(device) if device else torch.device(dev_type)
+        if dev_type == "cuda" and self.device.index is None:
+            self.device = torch.device("cuda", self.dist.local_rank)
+        if t.parallel != "none" and not self.dist.enabled:
+            raise ValueError(f"train.parallel={t.parallel} needs several processes: launch with torchrun")
+        if t.num_threads > 0:
+            torch.set_num_threads(t.num_threads)
+        self.cfg = cfg
+        self.run_dir = Path(run_dir or t.out_dir)
+        self.is_main = self.dist.is_main
+        self.fsdp = t.parallel == "fsdp"
+
+        # ---- data (refused before any training if it does not fit the model)
+        if dataset is None:
+            from vlastack.data.samples import make_dataset
+
+            dataset = make_dataset(replace(cfg, data=replace(cfg.data, streaming=False)), data_path)
+        self.warnings = check_dataset_fits(dataset, cfg)
+        self.normalizer = getattr(dataset, "normalizer", None)
+        if t.preload and not isinstance(dataset, MemoryDataset):
+            dataset = MemoryDataset(dataset, num_workers=cfg.data.num_workers)
+        self.dataset = dataset
+
+        # ---- model (same init on every rank)
+        torch.manual_seed(t.seed)
+        model = build_model(cfg.model)
+        if t.init_from:
+            init = VLA.from_pretrained(t.init_from)
+            if init.cfg != cfg.model:
+                raise ValueError(f"train.init_from={t.init_from}: its model config differs from model.*")
+            model.load_state_dict(init.state_dict())
+        self.frozen_parts = freeze_parts(model, t)
+        if t.lora_rank > 0:
+            base_dir = self.run_dir / "lora_base"
+            if self.is_main and not (base_dir / "model.safetensors").exists():
+                model.save_pretrained(base_dir)  # adapters are saved alone; resume needs the base
+            apply_lora(model, t.lora_targets, t.lora_rank, t.lora_alpha, t.lora_dropout)
+        model.to(self.device)
+        if t.activation_checkpointing:
+            apply_activation_checkpointing(model)
+        if t.compile:
+            for layer in model.decoder.layers:
+                layer.compile()
+        self.model = model  # the unwrapped module (FSDP2 shards it in place)
+        if t.parallel == "ddp":
+            self.wrapped = apply_ddp(model, self.device)
+        elif self.fsdp:
+            self.wrapped = apply_fsdp(model, fsdp_mp_policy(t.precision))
+        else:
+            self.wrapped = model
+
+        self.optimizer = build_optimizer(model, t)
+        self.scheduler = WarmupCosine(self.optimizer, t)
+        self.scaler = make_scaler(self.device.type, t.precision)
+        self.ema = EMA(model, t.ema_decay) if t.ema_decay > 0 else None
+        self.aug_gen = torch.Generator().manual_seed(t.seed + 7919 * (self.dist.rank + 1))
+        self.step, self.position, self.bad_in_row, self.bad_total = 0, 0, 0, 0
+        # Per-rank training randomness (flow noise and time) differs across ranks.
+        seed = t.seed + 1 + self.dist.rank
+        torch.manual_seed(seed), np.random.seed(seed), random.seed(seed)
+        if resume:
+            self._resume()
+        self.logger = RunLogger(self.run_dir, t.steps, self.step, enabled=self.is_main and verbose)
+        if self.is_main and verbose:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            save_yaml(cfg, self.run_dir / "config.yaml")
+
+    # ------------------------------------------------------------------ state
+
+    def _full_state(self, ema: bool = False) -> dict[str, torch.Tensor]:
+        """The whole model state dict on CPU (collective under FSDP2). ``ema``: EMA weights."""
+        if ema:
+            assert self.ema is not None
+            if not self.fsdp:
+                full = self._full_state()
+                shadow = self.ema.state_dict()
+                return {k: shadow[k].to(v.dtype) if k in shadow else v for k, v in full.items()}
+            self.ema.swap(self.model)
+            try:
+                return self._full_state()
+            finally:
+                self.ema.swap(self.model)
+        if self.fsdp:
+            from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+            opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
+            return get_model_state_dict(self.model, options=opts)
+        return {k: v.detach().cpu() for k, v in self.model.state_dict().items()}
+
+    def _set_full_state(self, state: dict[str, torch.Tensor]) -> None:
+        if self.fsdp:
+            from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+            set_model_state_dict(self.model, state, options=StateDictOptions(full_state_dict=True))
+        else:
+            self.model.load_state_dict(state)
+
+    def _optim_state(self) -> dict:
+        if self.fsdp:
+            from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+            opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
+            return get_optimizer_state_dict(self.model, self.optimizer, options=opts)
+        return self.optimizer.state_dict()
+
+    def _set_optim_state(self, state: dict) -> None:
+        if self.fsdp:
+            from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+            opts = StateDictOptions(full_state_dict=True)
+            set_optimizer_state_dict(self.model, self.optimizer, optim_state_dict=state, options=opts)
+        else:
+            self.optimizer.load_state_dict(state)
+
+    def _export(self, state: dict[str, torch.Tensor], folder: Path) -> None:
+        """Write a policy folder (weights + config.json, config.yaml, norm_stats.json) from a full state."""
+        with torch.device("meta"):
+            m = VLA(self.cfg.model)
+        t = self.cfg.train
+        if t.lora_rank > 0:
+            apply_lora(m, t.lora_targets, t.lora_rank, t.lora_alpha, t.lora_dropout)
+            # merging writes into the base weights: copy, since ``state`` may alias the live model
+            state = {k: v.clone() for k, v in state.items()}
+        m.load_state_dict(state, assign=True)
+        if t.lora_rank > 0:
+            save_file(
+                {k: v.contiguous() for k, v in lora_state_dict(m).items()},
+                str(folder / "adapter.safetensors"),
+            )
+            remove_lora(m)  # merge: the exported weights are plain and load without LoRA code
+        m.save_pretrained(folder)
+        ck.write_common(folder, self.cfg, self.normalizer)
+
+    def save(self) -> Path:
+        """Write checkpoint ``step_<step>`` (all ranks must call). Returns its folder."""
+        tmp = ck.tmp_dir(self.run_dir, self.step)
+        full = self._full_state()
+        ema_full = self._full_state(ema=True) if self.ema is not None else None
+        optim = self._optim_state()
+        if self.is_main:
+            tmp.mkdir(parents=True, exist_ok=True)
+            self._export(full, tmp)
+            if ema_full is not None:
+                (tmp / "ema").mkdir()
+                self._export(ema_full, tmp / "ema")
+            state = {
+                "step": self.step,
+                "position": self.position,
+                "bad_total": self.bad_total,
+                "world_size": self.dist.world_size,
+                "optimizer": optim,
+                "scheduler": self.scheduler.state_dict(),
+                "scaler": self.scaler.state_dict() if self.scaler is not None else None,
+            }
+            save_state(state, tmp / "train_state", "state")
+        self._barrier()
+        local = {"rng": rng_state({"aug": self.aug_gen})}
+        if self.ema is not None:
+            local["ema"] = self.ema.state_dict()  # local shards under FSDP2
+        save_state(local, tmp / "train_state", f"rank{self.dist.rank}")
+        self._barrier()
+        path = ck.commit(self.run_dir, self.step, self.cfg.train.keep_last) if self.is_main else None
+        self._barrier()
+        if self.is_main:
+            plot_loss(self.run_dir / "metrics.jsonl", self.run_dir / "loss_curve.png")
+        return path or ck.checkpoint_root(self.run_dir) / ck.step_name(self.step)
+
+    def _resume(self) -> None:
+        path = ck.latest_checkpoint(self.run_dir)
+        if path is None:
+            raise ValueError(f"--resume: no checkpoint under {ck.checkpoint_root(self.run_dir)}")
+        ck.check_compatible(path, self.cfg)
+        state = load_state(path / "train_state", "state")
+        if state["world_size"] != self.dist.world_size and self.ema is not None:
+            raise ValueError(
+                f"cannot resume from {path}: it was written by {state['world_size']} processes and this run "
+                f"has {self.dist.world_size}; EMA shards are per process"
+            )
+        t = self.cfg.train
+        if t.lora_rank > 0:
+            base = load_file(str(self.run_dir / "lora_base" / "model.safetensors"))
+            full = {k: base[k.replace(".base.", ".")] for k in self.model.state_dict() if ".lora_" not in k}
+            full.update(load_file(str(path / "adapter.safetensors")))
+        else:
+            full = load_file(str(path / "model.safetensors"))
+        self._set_full_state(full)
+        self._set_optim_state(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        if self.scaler is not None and state["scaler"]:
+            self.scaler.load_state_dict(state["scaler"])
+        rank_file = path / "train_state" / f"rank{self.dist.rank}.json"
+        if rank_file.exists():
+            local = load_state(path / "train_state", f"rank{self.dist.rank}")
+            set_rng_state(local["rng"], {"aug": self.aug_gen})
+            if self.ema is not None:
+                self.ema.load_state_dict(local["ema"])
+        self.step, self.position, self.bad_total = state["step"], state["position"], state["bad_total"]
+
+    def _barrier(self) -> None:
+        if self.dist.enabled:
+            dist.barrier()
+
+    # ------------------------------------------------------------------ loop
+
+    def batches(self):
+        t, d = self.cfg.train, self.cfg.data
+        sampler = ResumableBatchSampler(
+            len(self.dataset), t.batch_size, t.seed, self.dist.rank, self.dist.world_size, self.position
+        )
+        nw = 0 if isinstance(self.dataset, MemoryDataset) else d.num_workers
+        pin = d.pin_memory and self.device.type == "cuda"
+        return batch_iterator(self.dataset, sampler, nw, d.prefetch_factor, pin)
+
+    def _augment(self, batch: Batch) -> Batch:
+        d = self.cfg.data
+        if d.random_crop_scale >= 1.0 and d.color_jitter <= 0:
+            return batch
+        from vlastack.data.transforms import augment
+
+        imgs = augment(batch["images"], d.random_crop_scale, d.color_jitter, generator=self.aug_gen)
+        imgs = imgs * batch["image_mask"][:, :, None, None, None].to(imgs.dtype)  # absent cameras stay zero
+        return {**batch, "images": imgs}
+
+    def fit(self, stop_after: int | None = None) -> dict:
+        """Train to ``train.steps``; returns a summary (final loss, timings, final folder).
+
+        ``stop_after``: return once this step is reached (after its checkpoint), as if the job had
+        been killed there; the schedule still targets ``train.steps``.
+        """
+        t = self.cfg.train
+        end = min(t.steps, stop_after) if stop_after else t.steps
+        it = self.batches()
+        self.wrapped.train()
+        acc = {"loss": 0.0, "grad_norm": 0.0, "n": 0, "wait": 0.0, "time": 0.0, "samples": 0}
+        t_start, last_ckpt, losses = time.perf_counter(), None, []
+        for w in self.warnings:
+            self.logger.message(f"warning: {w}")
+        while self.step < end:
+            t0 = time.perf_counter()
+            micro = []
+            for _ in range(t.grad_accum):
+                micro.append(to_device(self._augment(next(it)), self.device))
+                self.position += 1
+            t1 = time.perf_counter()
+            res = train_step(
+                self.wrapped,
+                self.optimizer,
+                micro,
+                device_type=self.device.type,
+                precision=t.precision,
+                scaler=self.scaler,
+                grad_clip=t.grad_clip,
+                autocast=not self.fsdp,
+            )
+            lr = self.optimizer.param_groups[0]["lr"]
+            self.scheduler.step()
+            self.step += 1
+            losses.append(res.loss)
+            if res.ok and self.ema is not None:
+                self.ema.update(self.model)
+            if not res.ok and not res.scaled_skip:
+                self.bad_in_row += 1
+                self.bad_total += 1
+                self.logger.message(
+                    f"warning: step {self.step}: non-finite loss/gradient (loss {res.loss}, grad norm "
+                    f"{res.grad_norm}); update skipped ({self.bad_in_row} in a row, {self.bad_total} total)"
+                )
+                if self.bad_in_row >= t.max_bad_steps:
+                    raise TrainingDiverged(
+                        f"training stopped at step {self.step}: {self.bad_in_row} consecutive steps had a "
+                        f"NaN/inf loss or gradient (train.max_bad_steps={t.max_bad_steps}). Lower train.lr, "
+                        f"use train.precision=bf16 or fp32, check the data for NaNs, or resume from an earlier checkpoint."
+                    )
+            else:
+                self.bad_in_row = 0
+            t2 = time.perf_counter()
+            acc["wait"] += t1 - t0
+            acc["time"] += t2 - t0
+            acc["samples"] += t.batch_size * t.grad_accum * self.dist.world_size
+            if res.ok:
+                acc["loss"] += res.loss
+                acc["grad_norm"] += res.grad_norm
+                acc["n"] += 1
+            if self.step % t.log_every == 0 or self.step == t.steps:
+                n = max(1, acc["n"])
+                m = {
+                    "loss": acc["loss"] / n if acc["n"] else float("nan"),
+                    "grad_norm": acc["grad_norm"] / n if acc["n"] else float("nan"),
+                    "lr": lr,
+                    "samples_per_s": acc["samples"] / max(acc["time"], 1e-9),
+                    "data_wait": acc["wait"] / max(acc["time"], 1e-9),
+                    "peak_mem_mb": peak_memory_mb(self.device),
+                    "bad_steps": self.bad_total,
+                }
+                if self.scaler is not None:
+                    m["loss_scale"] = self.scaler.get_scale()
+                self.logger.log(self.step, m)
+                self.logger.progress(self.step, m)
+                acc = dict.fromkeys(acc, 0.0)
+                acc["n"] = 0
+            evaluate_now = t.eval_every > 0 and self.step % t.eval_every == 0
+            if self.step % t.save_every == 0 or self.step == end or evaluate_now:
+                last_ckpt = self.save()
+            if evaluate_now:
+                self.evaluate(last_ckpt)
+        if last_ckpt is None:  # resumed at the end: nothing new to save
+            last_ckpt = ck.latest_checkpoint(self.run_dir)
+        final = None
+        if self.is_main and last_ckpt is not None:
+            final = ck.export_final(self.run_dir, last_ckpt)
+        self._barrier()
+        self.logger.close()
+        summary = {
+            "steps": self.step,
+            "losses": losses,
+            "final_loss": losses[-1] if losses else None,
+            "bad_steps": self.bad_total,
+            "train_s": time.perf_counter() - t_start,
+            "final": str(final) if final else None,
+        }
+        if self.is_main and losses:
+            (self.run_dir / "train_summary.json").write_text(
+                json.dumps({k: v for k, v in summary.items() if k != "losses"}, indent=2)
+            )
+        return summary
+
+    def evaluate(self, ckpt: Path) -> dict | None:
+        """Closed-loop evaluation of ``ckpt`` (its EMA weights when present) on rank 0."""
+        res = None
+        if self.is_main:
+            from vlastack.sim.evaluate import evaluate
+
+            e = self.cfg.eval
+            policy_dir = ckpt / "ema" if (ckpt / "ema").is_dir() else ckpt
+            res = evaluate(
+                str(policy_dir),
+                suite=e.suite,
+                tasks=e.tasks,
+                episodes=e.episodes,
+                seed=e.seed,
+                num_workers=e.num_workers,
+                steps_per_chunk=e.steps_per_chunk,
+                temporal_ensemble=e.temporal_ensemble,
+                out_dir=self.run_dir / "eval" / ck.step_name(self.step),
+                videos=e.videos,
+                image_size=e.image_size,
+                cameras=self.cfg.model.camera_names,
+            )
+            rate = res["overall"]["success_rate"]
+            self.logger.log(self.step, {"success_rate": rate}, prefix="eval")
+            self.logger.message(
+                f"eval at step {self.step}: success {rate:.1%} over {res['overall']['n']} episodes"
+            )
+        self._barrier()
+        return res
