@@ -18,7 +18,9 @@ def sync(device: torch.device | str) -> None:
         torch.cuda.synchronize()
 
 
-def time_fn(fn: Callable[[], object], device: torch.device | str, warmup: int = 3, repeats: int = 20) -> list[float]:
+def time_fn(
+    fn: Callable[[], object], device: torch.device | str, warmup: int = 3, repeats: int = 20
+) -> list[float]:
     """Wall-clock milliseconds per call, measured after ``warmup`` calls, with a device sync
     around each call (so GPU time is counted, not just the CPU dispatch)."""
     for _ in range(warmup):
@@ -41,7 +43,11 @@ def percentile(xs: list[float], q: float) -> float:
 
 
 def environment() -> dict:
-    env = {"torch": torch.__version__, "python": platform.python_version(), "cpu": platform.processor() or platform.machine()}
+    env = {
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "cpu": platform.processor() or platform.machine(),
+    }
     env["threads"] = torch.get_num_threads()
     if torch.cuda.is_available():
         env["gpu"] = torch.cuda.get_device_name()

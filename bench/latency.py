@@ -18,13 +18,18 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import percentile, print_table, time_fn, write_results  # noqa: E402
-from vlastack.batch import dummy_batch  # noqa: E402
-from vlastack.config import PRESETS  # noqa: E402
-from vlastack.models import build_model  # noqa: E402
+from bench.common import percentile, print_table, time_fn, write_results
+from vlastack.batch import dummy_batch
+from vlastack.config import PRESETS
+from vlastack.models import build_model
 
 # Dense bf16 tensor-core peak and HBM bandwidth (vendor figures) for the roofline floor.
-GPU_PEAKS = {"H100": (989e12, 3.35e12), "H200": (989e12, 4.8e12), "A100": (312e12, 2.0e12), "4090": (165e12, 1.0e12)}
+GPU_PEAKS = {
+    "H100": (989e12, 3.35e12),
+    "H200": (989e12, 4.8e12),
+    "A100": (312e12, 2.0e12),
+    "4090": (165e12, 1.0e12),
+}
 
 
 def sampler_flops(model, batch) -> int:
@@ -44,7 +49,9 @@ def sampler_bytes(model, cfg) -> int:
     return 2 * (total + cfg.num_denoise_steps * (n_expert + kv))
 
 
-def bench_preset(name: str, device: str, dtypes: list[str], compile_modes: list[bool], repeats: int) -> list[dict]:
+def bench_preset(
+    name: str, device: str, dtypes: list[str], compile_modes: list[bool], repeats: int
+) -> list[dict]:
     cfg = PRESETS[name]().model
     torch.manual_seed(0)
     model = build_model(cfg, device=device).eval()
@@ -82,8 +89,10 @@ def bench_preset(name: str, device: str, dtypes: list[str], compile_modes: list[
         gpu = torch.cuda.get_device_name()
         peak, bw = next((v for k, v in GPU_PEAKS.items() if k in gpu), GPU_PEAKS["H100"])
         floor = max(flops / peak, nbytes / bw) * 1e3
-        print(f"roofline floor ({gpu}): {flops / 1e12:.2f} TFLOP / {peak / 1e12:.0f} TFLOP/s = {flops / peak * 1e3:.2f} ms; "
-              f"{nbytes / 1e9:.2f} GB / {bw / 1e12:.2f} TB/s = {nbytes / bw * 1e3:.2f} ms -> floor {floor:.2f} ms")
+        print(
+            f"roofline floor ({gpu}): {flops / 1e12:.2f} TFLOP / {peak / 1e12:.0f} TFLOP/s = {flops / peak * 1e3:.2f} ms; "
+            f"{nbytes / 1e9:.2f} GB / {bw / 1e12:.2f} TB/s = {nbytes / bw * 1e3:.2f} ms -> floor {floor:.2f} ms"
+        )
         for r in rows:
             r.update(flops=flops, bytes=nbytes, roofline_floor_ms=round(floor, 2))
     return rows

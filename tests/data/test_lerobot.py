@@ -30,8 +30,8 @@ def test_layout_and_metadata(dataset):
     assert ep[1]["videos/observation.images.scene/to_timestamp"] == pytest.approx(3.2)
     assert ep[2]["tasks"] == ["task 0"] and "stats/action/mean" in ep[0]
     tasks = pq.read_table(root / "meta/tasks.parquet")
-    assert tasks["task"].to_pylist() == ["task 0", "task 1"]
-    assert b"index_columns" in tasks.schema.metadata[b"pandas"]  # pandas restores `task` as index
+    assert tasks["__index_level_0__"].to_pylist() == ["task 0", "task 1"]
+    assert b"index_columns" in tasks.schema.metadata[b"pandas"]  # pandas restores the task text as the index
     rows = pq.read_table(root / "data/chunk-000/file-000.parquet")
     assert rows.num_rows == 41 and rows["index"].to_pylist() == list(range(41))
     assert str(rows.schema.field("observation.images.wrist").type) == "struct<bytes: binary, path: string>"

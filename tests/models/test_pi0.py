@@ -167,12 +167,12 @@ def test_save_and_load_round_trip(model, cfg, tmp_path):
 def test_overfits_one_batch(cfg):
     torch.manual_seed(0)
     m = build_model(cfg)
-    batch = dummy_batch(cfg, 8, seed=3)
+    batch = dummy_batch(cfg, 2, seed=3)
     opt = torch.optim.AdamW(m.parameters(), lr=2e-3)
-    noise = torch.randn(8, cfg.action_horizon, cfg.action_dim)
-    t = torch.rand(8) * 0.9 + 0.05
+    noise = torch.randn(2, cfg.action_horizon, cfg.action_dim)
+    t = torch.rand(2) * 0.9 + 0.05
     losses = []
-    for _ in range(150):
+    for _ in range(100):
         loss = m(batch, noise=noise, time=t)["loss"]
         opt.zero_grad(set_to_none=True)
         loss.backward()

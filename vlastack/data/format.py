@@ -18,7 +18,7 @@ import pyarrow.parquet as pq
 CODEBASE_VERSION = "v3.0"
 CHUNKS_SIZE = 1000
 DATA_FILE_SIZE_MB = 100
-VIDEO_FILE_SIZE_MB = 500
+VIDEO_FILE_SIZE_MB = 200  # lerobot 0.4 default
 INFO_PATH = "meta/info.json"
 STATS_PATH = "meta/stats.json"
 TASKS_PATH = "meta/tasks.parquet"
@@ -35,6 +35,9 @@ DEFAULT_FEATURES: dict[str, dict[str, Any]] = {
     "task_index": {"dtype": "int64", "shape": [1], "names": None},
 }
 NUMERIC = ("float32", "float64", "int64", "int32", "int16", "int8", "uint8", "bool")
+INTEGER = ("int64", "int32", "int16", "int8", "uint8")
+# Order of the per-feature statistics, as lerobot writes them (stats.json, meta/episodes columns).
+STATS_KEYS = ("min", "max", "mean", "std", "count", "q01", "q10", "q50", "q90", "q99")
 
 
 def next_chunk_file(chunk: int, file: int, chunks_size: int = CHUNKS_SIZE) -> tuple[int, int]:
@@ -60,14 +63,17 @@ def arrow_type(ft: dict[str, Any]) -> pa.DataType:
 
 
 def hf_feature(ft: dict[str, Any]) -> dict[str, Any]:
-    """The `datasets` feature spec stored in parquet metadata, so `datasets` restores the types."""
+    """The `datasets` feature spec stored in parquet metadata, so `datasets` restores the types.
+
+    Fixed-length vectors are ``List`` with a ``length`` (datasets >= 4, which lerobot v3 requires).
+    """
     dt = ft["dtype"]
     if dt == "image":
         return {"_type": "Image"}
     value = {"dtype": dt, "_type": "Value"}
     if list(ft["shape"]) == [1]:
         return value
-    return {"feature": value, "length": int(ft["shape"][0]), "_type": "Sequence"}
+    return {"feature": value, "length": int(ft["shape"][0]), "_type": "List"}
 
 
 def data_schema(features: dict[str, dict[str, Any]]) -> pa.Schema:
@@ -77,9 +83,12 @@ def data_schema(features: dict[str, dict[str, Any]]) -> pa.Schema:
 
 
 def tasks_table(tasks: list[str]) -> pa.Table:
-    """tasks.parquet as pandas writes a DataFrame indexed by task: lerobot reads `.index` as the text."""
+    """tasks.parquet as pandas writes lerobot's DataFrame indexed by task (an unnamed index).
+
+    lerobot reads the task text from the DataFrame index, stored as ``__index_level_0__``.
+    """
     pandas_meta = {
-        "index_columns": ["task"],
+        "index_columns": ["__index_level_0__"],
         "column_indexes": [
             {"name": None, "field_name": None, "pandas_type": "unicode", "numpy_type": "object",
              "metadata": {"encoding": "UTF-8"}}
@@ -87,16 +96,16 @@ def tasks_table(tasks: list[str]) -> pa.Table:
         "columns": [
             {"name": "task_index", "field_name": "task_index", "pandas_type": "int64",
              "numpy_type": "int64", "metadata": None},
-            {"name": "task", "field_name": "task", "pandas_type": "unicode", "numpy_type": "object",
-             "metadata": None},
+            {"name": None, "field_name": "__index_level_0__", "pandas_type": "unicode",
+             "numpy_type": "object", "metadata": None},
         ],
         "creator": {"library": "pyarrow", "version": pa.__version__},
         "pandas_version": "2.2.3",
     }  # fmt: skip
     schema = pa.schema(
-        [("task_index", pa.int64()), ("task", pa.string())], {"pandas": json.dumps(pandas_meta)}
+        [("task_index", pa.int64()), ("__index_level_0__", pa.string())], {"pandas": json.dumps(pandas_meta)}
     )
-    return pa.table({"task_index": list(range(len(tasks))), "task": tasks}, schema=schema)
+    return pa.table({"task_index": list(range(len(tasks))), "__index_level_0__": tasks}, schema=schema)
 
 
 def read_parquet(path: Path, columns: list[str] | None = None) -> pa.Table:

@@ -51,6 +51,14 @@ def _image_sample(frames: np.ndarray) -> np.ndarray:
     return sub.reshape(-1, 3).astype(np.float64) / 255.0
 
 
+def _lerobot_stats(st: dict[str, np.ndarray], dtype: str) -> dict[str, np.ndarray]:
+    """Stats in lerobot's key order; integer features keep integer min/max, as lerobot writes them."""
+    out = {s: np.asarray(st[s]) for s in fmt.STATS_KEYS}
+    if dtype in fmt.INTEGER:
+        out["min"], out["max"] = out["min"].round().astype(np.int64), out["max"].round().astype(np.int64)
+    return out
+
+
 class LeRobotWriter:
     """Append episodes to a new LeRobot v3.0 dataset at ``root``; ``finalize()`` publishes it."""
 
@@ -177,12 +185,12 @@ class LeRobotWriter:
         arrays["episode_index"] = np.full(length, ep, dtype=np.int64)
         arrays["index"] = np.arange(start, start + length, dtype=np.int64)
         arrays["task_index"] = np.full(length, task_index, dtype=np.int64)
+        # Column order follows lerobot's meta/episodes files (checked against lerobot 0.4.4).
         row: dict[str, Any] = {"episode_index": ep, "tasks": [task], "length": length}
         row.update(self._write_data(arrays, length))
         row["dataset_from_index"], row["dataset_to_index"] = start, start + length
         for k in self.video_keys:
             row.update(self._write_video(k, arrays[k]))
-        row["meta/episodes/chunk_index"], row["meta/episodes/file_index"] = 0, 0
         for k, ft in self.all_features.items():
             if ft["dtype"] in ("video", "image"):
                 px = _image_sample(arrays[k])
@@ -192,8 +200,9 @@ class LeRobotWriter:
             else:
                 st = exact_stats(arrays[k].reshape(length, -1))
                 self.stats[k].update(arrays[k].reshape(length, -1))
-            for s, v in st.items():
-                row[f"stats/{k}/{s}"] = np.asarray(v).tolist()
+            for s, v in _lerobot_stats(st, ft["dtype"]).items():
+                row[f"stats/{k}/{s}"] = v.tolist()
+        row["meta/episodes/chunk_index"], row["meta/episodes/file_index"] = 0, 0
         self.episodes.append(row)
         self.total_frames += length
         return ep
@@ -226,7 +235,7 @@ class LeRobotWriter:
 
     def _write_video(self, key: str, frames: np.ndarray) -> dict[str, Any]:
         enc = self._videos.get(key)
-        if enc is not None and enc.path.stat().st_size > self.video_mb * 2**20:
+        if enc is not None and enc.num_bytes > self.video_mb * 2**20:
             enc.close()
             enc = None
             self._video_pos[key] = fmt.next_chunk_file(*self._video_pos[key], self.chunks_size)
@@ -306,6 +315,7 @@ class LeRobotWriter:
             if ft["dtype"] in ("video", "image"):
                 stats[k] = {s: v.reshape(3, 1, 1) if s != "count" else v for s, v in stats[k].items()}
                 stats[k]["count"] = np.array([self.total_frames], dtype=np.int64)
+            stats[k] = _lerobot_stats(stats[k], ft["dtype"])
         fmt.write_json_atomic(self.stage / fmt.STATS_PATH, stats_to_json(stats))
         fmt.write_json_atomic(self.stage / fmt.INFO_PATH, self._info())
         if self.root.exists():  # overwrite=True

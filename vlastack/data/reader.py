@@ -83,8 +83,13 @@ class LeRobotDataset:
 
     # ------------------------------------------------------------------ loading
     def _task_list(self, table: pa.Table) -> list[str]:
+        # lerobot stores the text as the pandas index: `__index_level_0__` when unnamed (what
+        # lerobot writes), or a named index column (e.g. `task`) in older or converted datasets.
         cols = table.column_names
-        text = "task" if "task" in cols else ("__index_level_0__" if "__index_level_0__" in cols else None)
+        pandas_meta = json.loads((table.schema.metadata or {}).get(b"pandas", b"{}"))
+        index_cols = [c for c in pandas_meta.get("index_columns", []) if isinstance(c, str)]
+        cands = ["task", *index_cols, "__index_level_0__"]
+        text = next((c for c in cands if c in cols and c != "task_index"), None)
         if text is None or "task_index" not in cols:
             raise ValueError(
                 f"{self.root / fmt.TASKS_PATH}: needs columns 'task' and 'task_index', has {cols}"

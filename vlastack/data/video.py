@@ -52,6 +52,7 @@ class VideoEncoder:
         self.stream.options = opts
         self.height, self.width = height, width
         self.num_frames = 0
+        self.num_bytes = 0  # muxed so far (the file on disk lags behind by the IO buffer)
 
     def write(self, frames: np.ndarray) -> None:
         """frames: uint8 [T, H, W, 3]."""
@@ -65,6 +66,7 @@ class VideoEncoder:
             f.pts = self.num_frames
             f.time_base = self.stream.codec_context.time_base
             for pkt in self.stream.encode(f):
+                self.num_bytes += pkt.size
                 self.container.mux(pkt)
             self.num_frames += 1
 

@@ -33,7 +33,7 @@ model:
   expert: {depth: 2}
   num_denoise_steps: 5
 train:
-  steps: 2000
+  steps: 6000
   batch_size: 32
   lr: 1.0e-3
   warmup_steps: 100
@@ -41,8 +41,8 @@ train:
   ema_decay: 0.995
   preload: true
   num_threads: 2
-  log_every: 50
-  save_every: 500
+  log_every: 200
+  save_every: 2000
   keep_last: 1
 data:
   num_workers: 2
@@ -53,7 +53,7 @@ eval:
   videos: 4
 """
 )
-DEMO_EPISODES = 400
+DEMO_EPISODES = 1000
 DATA_NOISE = 0.1  # DART-style noise on executed expert actions: demos include recoveries
 REPLACED_PROMPT = "do the task"
 QUICK = ["train.steps=60", "train.log_every=10", "train.save_every=60", "eval.episodes=20"]

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import random
 import time
+import warnings
 from dataclasses import replace
 from pathlib import Path
 
@@ -331,7 +332,9 @@ class Trainer:
                 autocast=not self.fsdp,
             )
             lr = self.optimizer.param_groups[0]["lr"]
-            self.scheduler.step()
+            with warnings.catch_warnings():  # a skipped (bad) step leaves optimizer.step uncalled
+                warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step")
+                self.scheduler.step()
             self.step += 1
             losses.append(res.loss)
             if res.ok and self.ema is not None:
