@@ -166,3 +166,34 @@ def test_cli_serve_sigterm_finishes_in_flight(policy_dir):
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+def test_token_head_policy_is_served_with_a_validity_flag(tmp_path):
+    """A FAST token-head policy goes through Policy + server unchanged; replies carry `valid`."""
+    import torch
+
+    from tests.infer.conftest import make_normalizer, micro_config
+    from vlastack.config import TokenHeadConfig
+    from vlastack.models import build_model
+
+    cfg = micro_config()
+    cfg = type(cfg)(
+        **{
+            **cfg.__dict__,
+            "head": "tokens",
+            "tokens": TokenHeadConfig(tokenizer="fast", placement="new_rows"),
+        }
+    )
+    torch.manual_seed(0)
+    model = build_model(cfg)
+    chunks = torch.linspace(-1, 1, 16)[None, :, None].repeat(64, 1, ACTION_DIM) * torch.rand(64, 1, 1)
+    model.head.fit_tokenizer(torch.nn.functional.pad(chunks, (0, cfg.action_dim - ACTION_DIM)),
+                             action_dim_mask=torch.arange(cfg.action_dim) < ACTION_DIM)  # fmt: skip
+    model.save_pretrained(tmp_path)
+    make_normalizer().save(tmp_path / "norm_stats.json")
+    policy = Policy.from_pretrained(tmp_path, seed=0)
+    local = policy.infer(make_obs())
+    assert local["actions"].shape == (16, ACTION_DIM) and isinstance(local["valid"], bool)
+    with ServerThread(PolicyServer(policy, port=0)) as srv:
+        out = WebsocketClientPolicy("127.0.0.1", srv.port).infer(make_obs())
+    assert out["actions"].shape == (16, ACTION_DIM) and out["valid"] == local["valid"]

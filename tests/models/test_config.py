@@ -25,7 +25,9 @@ def test_pi0_preset_has_the_exact_shapes():
 
 
 def test_dotted_overrides_apply_and_coerce():
-    cfg = load_config("tiny", overrides=["model.expert.mlp_dim=96", "train.lr=1e-4", "model.camera_names=[a,b,c]"])
+    cfg = load_config(
+        "tiny", overrides=["model.expert.mlp_dim=96", "train.lr=1e-4", "model.camera_names=[a,b,c]"]
+    )
     assert cfg.model.expert.mlp_dim == 96
     assert cfg.train.lr == 1e-4 and isinstance(cfg.train.lr, float)
     assert cfg.model.camera_names == ("a", "b", "c")

@@ -37,7 +37,9 @@ def test_merged_equals_unmerged_and_unmerge_restores():
     assert not torch.equal(m.decoder.layers[0].vlm.self_attn.q_proj.base.weight, base_w)
     torch.testing.assert_close(m.sample_actions(batch, noise=noise), ref, atol=1e-5, rtol=1e-5)
     unmerge_lora(m)
-    torch.testing.assert_close(m.decoder.layers[0].vlm.self_attn.q_proj.base.weight, base_w, atol=1e-6, rtol=0)
+    torch.testing.assert_close(
+        m.decoder.layers[0].vlm.self_attn.q_proj.base.weight, base_w, atol=1e-6, rtol=0
+    )
     torch.testing.assert_close(m.sample_actions(batch, noise=noise), ref, atol=1e-5, rtol=1e-5)
     remove_lora(m)
     assert not any(isinstance(x, LoRALinear) for x in m.modules())

@@ -37,7 +37,13 @@ def test_sentencepiece_folder(tmp_path):
     text = tmp_path / "corpus.txt"
     text.write_text("\n".join(["pick up the red block", "push the blue cube onto the green pad"] * 50))
     spm.SentencePieceTrainer.train(
-        input=str(text), model_prefix=str(tmp_path / "tokenizer"), vocab_size=24, bos_id=2, eos_id=1, pad_id=0, unk_id=3
+        input=str(text),
+        model_prefix=str(tmp_path / "tokenizer"),
+        vocab_size=24,
+        bos_id=2,
+        eos_id=1,
+        pad_id=0,
+        unk_id=3,
     )
     tok = load_tokenizer(str(tmp_path))
     ids, mask = tok.tokenize("push the blue cube", 48)

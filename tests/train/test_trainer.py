@@ -160,3 +160,24 @@ def test_schedule_and_state_roundtrip():
     assert torch.equal(back["b"][0], obj["b"][0]) and back["b"][1] is True
     with pytest.raises(TypeError, match="no pickle"):
         flatten({"f": object()})
+
+
+@pytest.mark.parametrize("tokenizer", ["bins", "fast"])
+def test_token_head_trains_and_saves_its_action_tokenizer(tmp_path, tokenizer):
+    cfg = tiny_cfg(
+        "train.steps=2",
+        "model.head=tokens",
+        f"model.tokens.tokenizer={tokenizer}",
+        "model.tokens.placement=new_rows",
+        "data.norm.action=quantiles",
+    )
+    tr = Trainer(cfg, run_dir=tmp_path, dataset=FakeDataset(cfg))
+    assert tr.model.head.tokenizer.action_dim == 6  # FakeDataset marks 6 of 8 action dims real
+    out = tr.fit()
+    assert all(torch.isfinite(torch.tensor(out["losses"])))
+    final = tmp_path / "final"
+    assert (final / "action_tokenizer").is_dir()
+    loaded = VLA.from_pretrained(final).eval()
+    tr.model.eval()
+    batch = dummy_batch(cfg.model, 2, train=False)
+    torch.testing.assert_close(loaded.sample_actions(batch), tr.model.sample_actions(batch))

@@ -87,6 +87,7 @@ class Policy:
             raise ValueError(f"replan_steps must be in [1, {h}] (the action horizon), got {replan_steps}")
         self.temporal_ensemble = temporal_ensemble
         self.lock = threading.Lock()
+        self.last_valid: np.ndarray | None = None
         self._gen = torch.Generator(device=self.device)
         self._gen.manual_seed(int(seed) if seed is not None else int(torch.initial_seed()) % 2**62)
         self._sample = model.sample_actions
@@ -170,20 +171,31 @@ class Policy:
                 noise = torch.randn(shape, generator=self._gen, device=self.device)
             with torch.inference_mode(), self._autocast():
                 out = self._sample(batch, noise=noise.to(self.device))
+            # Token heads flag chunks whose tokens do not decode (e.g. a truncated FAST sequence).
+            valid = getattr(self.model.head, "last_valid", None)
+            self.last_valid = None if valid is None else valid.cpu().numpy().astype(bool)
         actions = out.float()[:, :, : self.action_dim].cpu().numpy()
         actions = self.normalizer.unnormalize(ACTION_KEY, actions)
         return np.ascontiguousarray(actions, dtype=np.float32)
 
+    def result_dict(self, actions: np.ndarray, i: int) -> dict:
+        """The reply for item ``i`` of the last ``infer_checked`` batch."""
+        out: dict = {"actions": actions}
+        if self.last_valid is not None:
+            out["valid"] = bool(self.last_valid[i])  # False: do not execute this chunk
+        return out
+
     def infer(self, obs: dict) -> dict[str, np.ndarray]:
-        """One observation -> ``{"actions": float32 [H, A_env]}`` in env units."""
-        return {"actions": self.infer_checked([self.check(obs)])[0]}
+        """One observation -> ``{"actions": float32 [H, A_env]}`` in env units (+ ``"valid"``
+        for token heads: False when the predicted tokens did not decode to a full chunk)."""
+        return self.result_dict(self.infer_checked([self.check(obs)])[0], 0)
 
     def infer_batch(self, obs_list: list[dict]) -> list[dict[str, np.ndarray]]:
         """Several observations in one forward pass (micro-batching) -> one result dict each."""
         if not obs_list:
             return []
         actions = self.infer_checked([self.check(o) for o in obs_list])
-        return [{"actions": a} for a in actions]
+        return [self.result_dict(a, i) for i, a in enumerate(actions)]
 
     # ------------------------------------------------------------------ closed loop
 

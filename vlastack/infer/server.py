@@ -29,7 +29,6 @@ from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-import numpy as np
 from websockets.asyncio.server import ServerConnection, serve
 from websockets.exceptions import ConnectionClosed
 from websockets.http11 import Request, Response
@@ -93,7 +92,7 @@ class Batcher:
             self.metrics.batch_size(len(items))
             for i, (_, fut, queued) in enumerate(items):
                 timing = {"infer_ms": infer_ms, "queue_ms": (t0 - queued) * 1e3, "batch_size": len(items)}
-                fut.set_result((actions[i], timing))
+                fut.set_result((self.policy.result_dict(actions[i], i), timing))
 
     def close(self) -> None:
         """Finish everything queued, then stop the thread."""
@@ -139,8 +138,9 @@ class PolicyServer:
         return self.batcher.submit(self.policy.check(obs))
 
     @staticmethod
-    def _reply(actions: np.ndarray, timing: dict, t0: float) -> dict:
-        return {"actions": actions, "server_timing": timing | {"total_ms": (time.perf_counter() - t0) * 1e3}}
+    def _reply(result: dict, timing: dict, t0: float) -> dict:
+        """``result`` is the policy's dict (``actions``, and ``valid`` for token heads)."""
+        return result | {"server_timing": timing | {"total_ms": (time.perf_counter() - t0) * 1e3}}
 
     # ------------------------------------------------------------------ websocket
 
@@ -175,8 +175,8 @@ class PolicyServer:
             if isinstance(msg, str):
                 raise WireError("expected a binary msgpack message, got text")
             fut = self._act(unpackb(msg, self.max_bytes))
-            actions, timing = await asyncio.wrap_future(fut)
-            await ws.send(packb(self._reply(actions, timing, t0)))
+            result, timing = await asyncio.wrap_future(fut)
+            await ws.send(packb(self._reply(result, timing, t0)))
             self.metrics.request("ws", "ok", time.perf_counter() - t0)
         except (WireError, ObsError, Unavailable) as e:
             reason = "unavailable" if isinstance(e, Unavailable) else "bad_request"
@@ -279,7 +279,7 @@ def _make_http_handler(srv: PolicyServer) -> type[BaseHTTPRequestHandler]:
             srv.metrics.add("in_flight", 1)
             try:
                 fut = srv._act(obs_from_json(self.rfile.read(n), srv.max_bytes))
-                actions, timing = fut.result()
+                result, timing = fut.result()
             except (WireError, ObsError) as e:
                 return self._error(400, str(e), "bad_request")
             except Unavailable as e:
@@ -289,7 +289,7 @@ def _make_http_handler(srv: PolicyServer) -> type[BaseHTTPRequestHandler]:
                 return self._error(500, f"internal: {type(e).__name__}: {e}", "internal")
             finally:
                 srv.metrics.add("in_flight", -1)
-            body = srv._reply(actions, timing, t0)
+            body = srv._reply(result, timing, t0)
             body["actions"] = body["actions"].tolist()
             self._send(200, json.dumps(body).encode())
             srv.metrics.request("http", "ok", time.perf_counter() - t0)

@@ -56,7 +56,9 @@ def cmd_smoke(args: argparse.Namespace) -> int:
     dt = time.perf_counter() - t0
     print(f"model: {model.num_params():,} parameters, head={cfg.model.head}")
     print(f"loss on random batch: {loss.item():.4f}")
-    print(f"sampled actions {tuple(actions.shape)} in {dt * 1e3:.1f} ms; finite={bool(torch.isfinite(actions).all())}")
+    print(
+        f"sampled actions {tuple(actions.shape)} in {dt * 1e3:.1f} ms; finite={bool(torch.isfinite(actions).all())}"
+    )
     return 0
 
 
@@ -69,7 +71,9 @@ def cmd_import_hf(args: argparse.Namespace) -> int:
     model = build_model(mcfg)
     untouched = load_paligemma(model, args.paligemma)
     model.save_pretrained(args.out)
-    print(f"imported {args.paligemma} -> {args.out} ({model.num_params():,} params; {len(untouched)} new tensors)")
+    print(
+        f"imported {args.paligemma} -> {args.out} ({model.num_params():,} params; {len(untouched)} new tensors)"
+    )
     return 0
 
 

@@ -67,12 +67,16 @@ def run_episode(
     task = getattr(env, "task_name", "?")
     frames = [next(iter(obs["images"].values()))] if record else []
     chunks: list[tuple[int, np.ndarray]] = []  # (step the chunk was predicted at, actions [H, A])
-    success, t, last = False, 0, -(10**9)
+    success, t, last, invalid = False, 0, -(10**9), 0
     while True:
         cur = chunks[-1] if chunks else None
         if cur is None or t - last >= min(steps_per_chunk, len(cur[1])):
             where = f"step {t} of episode {episode} (task {task}, seed {seed})"
-            chunks.append((t, check_actions(policy.infer(obs), adim, name, where)))
+            reply = policy.infer(obs)
+            chunks.append((t, check_actions(reply, adim, name, where)))
+            # Token heads say when tokens did not decode to a chunk; it still runs (as a robot
+            # stack with no fallback would), but is counted so it cannot pass unnoticed.
+            invalid += int(isinstance(reply, dict) and reply.get("valid", True) is False)
             last = t
         if temporal_ensemble > 0:
             chunks = [(t0, c) for t0, c in chunks if t - t0 < len(c)]
@@ -94,6 +98,7 @@ def run_episode(
         "prompt": obs["prompt"],
         "success": success,
         "steps": t,
+        "invalid_chunks": invalid,
     }
     if record:
         out["frames"] = np.stack(frames)
