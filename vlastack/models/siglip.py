@@ -46,6 +46,17 @@ class SiglipBlock(nn.Module):
         return x + self.mlp(self.layer_norm2(x))
 
 
+def sincos_2d(grid: int, dim: int) -> Tensor:
+    """Fixed 2D sin-cos position table (MAE): -> fp32 [grid*grid, dim], row-major patches."""
+    assert dim % 4 == 0, dim
+    omega = 1.0 / 10000 ** (torch.arange(dim // 4, dtype=torch.float32) / (dim // 4))
+    ys, xs = torch.meshgrid(
+        torch.arange(grid, dtype=torch.float32), torch.arange(grid, dtype=torch.float32), indexing="ij"
+    )
+    parts = [f(c.flatten()[:, None] * omega[None]) for c in (ys, xs) for f in (torch.sin, torch.cos)]
+    return torch.cat(parts, dim=1)
+
+
 class SiglipEncoder(nn.Module):
     """images [B, 3, S, S] (float in [-1, 1]) -> patch features [B, (S/p)^2, width]."""
 
@@ -77,6 +88,15 @@ class SiglipEncoder(nn.Module):
         for layer in self.layers:
             x = layer(x)
         return self.post_layernorm(x)
+
+    @torch.no_grad()
+    def init_position_embedding(self) -> None:
+        """Learned position embeddings start from the 2D sin-cos table, so a model trained from
+        scratch knows where each patch is from step one (imported weights overwrite this)."""
+        grid = self.image_size // self.patch_size
+        w = self.position_embedding.weight
+        if w.device.type != "meta" and w.shape[1] % 4 == 0:
+            w.copy_(sincos_2d(grid, w.shape[1]).to(w.dtype))
 
 
 def preprocess_images(images: Tensor) -> Tensor:

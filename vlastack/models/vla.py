@@ -59,6 +59,7 @@ class VLA(nn.Module):
                 nn.init.normal_(m.weight, std=std)
                 if getattr(m, "bias", None) is not None:
                     nn.init.zeros_(m.bias)
+        self.vision.init_position_embedding()
 
     def embed_prefix(self, batch: Batch) -> tuple[Tensor, Tensor]:
         """-> prefix tokens [B, P, Wv] (P = N*patches + L) and their pad mask bool [B, P].

@@ -28,12 +28,13 @@ from vlastack.config import Config, from_dict, load_config, save_yaml
 RECIPE: dict[str, Any] = yaml.safe_load(
     """
 model:
-  vision: {patch_size: 16, depth: 2}
+  vision: {patch_size: 8, depth: 2}
   vlm: {depth: 2}
   expert: {depth: 2}
+  action_horizon: 8
   num_denoise_steps: 5
 train:
-  steps: 6000
+  steps: 3500
   batch_size: 32
   lr: 1.0e-3
   warmup_steps: 100
@@ -46,15 +47,15 @@ train:
   keep_last: 1
 data:
   num_workers: 2
-  random_crop_scale: 0.95
+  random_crop_scale: 1.0
 eval:
   episodes: 100
-  steps_per_chunk: 8
+  steps_per_chunk: 4
   videos: 4
 """
 )
 DEMO_EPISODES = 1000
-DATA_NOISE = 0.1  # DART-style noise on executed expert actions: demos include recoveries
+DATA_NOISE = 0.05  # DART-style noise on executed expert actions: demos include recoveries
 REPLACED_PROMPT = "do the task"
 QUICK = ["train.steps=60", "train.log_every=10", "train.save_every=60", "eval.episodes=20"]
 
