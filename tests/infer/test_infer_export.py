@@ -114,3 +114,22 @@ def test_cpp_example_matches_python(policy, tmp_path):
         assert r.stdout.startswith("actions [1, 16, 7]")
         got = np.fromfile(out, dtype=np.float32).reshape(want.shape)
         np.testing.assert_allclose(got, want, atol=1e-4)
+
+
+def test_token_head_exports(tmp_path):
+    """A bins token head (OFT-style parallel decoding) exports and matches eager; FAST is refused."""
+    from vlastack.config import apply_overrides, tiny
+    from vlastack.models import build_model
+
+    over = ["model.vision.depth=1", "model.vlm.depth=1", "model.expert.depth=1", "model.head=tokens"]
+    over += ["model.tokens.placement=new_rows", "model.tokens.decoding=parallel", "model.action_horizon=4"]
+    cfg = apply_overrides(tiny(), [*over, "eval.steps_per_chunk=4"]).model
+    torch.manual_seed(0)
+    model = build_model(cfg)
+    model.head.fit_tokenizer(torch.rand(64, 4, 8) * 2 - 1)
+    for fmt in ("torchscript", "onnx"):
+        side = export_policy(Policy(model), fmt, tmp_path / fmt)
+        assert side["check"]["passed"] and side["head"] == "tokens"
+    fast = apply_overrides(tiny(), ["model.head=tokens", "model.tokens.tokenizer=fast"]).model
+    with pytest.raises(ValueError, match="FAST"):
+        export_policy(Policy(build_model(fast)), "onnx", tmp_path / "fast")
