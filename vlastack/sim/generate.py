@@ -26,7 +26,7 @@ import numpy as np
 EVAL_SEED_START = 1_000_000  # EvalConfig.seed: generation seeds must stay below it
 STATE_NAMES = ["ee_x", "ee_y", "ee_z", "gripper_opening", "holding"]
 ACTION_NAMES = ["dx", "dy", "dz", "grip"]
-_ENVS: dict[str, Any] = {}
+_ENVS: dict[tuple, Any] = {}  # (task, env kwargs) -> env, reused across jobs in one process
 
 
 def rollout_expert(env, seed: int, noise: float = 0.0) -> dict[str, Any]:
@@ -61,9 +61,11 @@ def rollout_expert(env, seed: int, noise: float = 0.0) -> dict[str, Any]:
 def _job(task: str, seed: int, env_kw: dict, noise: float) -> dict[str, Any]:
     from vlastack.sim.env import make_env
 
-    if task not in _ENVS:
-        _ENVS[task] = make_env(task, **env_kw)
-    ep = rollout_expert(_ENVS[task], seed, noise)
+    # Keyed by the env settings too: an in-process caller may generate at another image size.
+    key = (task, *sorted((k, tuple(v) if isinstance(v, list) else v) for k, v in env_kw.items()))
+    if key not in _ENVS:
+        _ENVS[key] = make_env(task, **env_kw)
+    ep = rollout_expert(_ENVS[key], seed, noise)
     ep.update(task=task, seed=seed)
     if not ep["success"]:  # don't ship frames we will not write
         ep.pop("images"), ep.pop("state"), ep.pop("action")
