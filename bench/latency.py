@@ -104,12 +104,14 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=20)
     ap.add_argument("--no-compile", action="store_true")
     ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--name", default=None, help="results file name (default latency / latency_cuda)")
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
     cuda = torch.cuda.is_available()
     presets = args.presets or (["tiny", "small"] + (["pi0"] if cuda else []))
     compile_modes = [False] if args.no_compile else [False, True]
+    name_out = args.name or ("latency" if not cuda else "latency_cuda")
     rows = []
     for name in presets:
         device = "cuda" if (cuda and name == "pi0") else "cpu"
@@ -118,9 +120,10 @@ def main() -> None:
             from bench.token_latency import token_rows
 
             rows += token_rows(name, device, compile_modes, args.repeats)
+        write_results(name_out, {"batch_size": 1, "rows": rows})  # after each preset: partial runs keep rows
     print()
     print_table(rows, ["preset", "device", "head", "mode", "dtype", "p50_ms", "p90_ms"])
-    path = write_results("latency" if not cuda else "latency_cuda", {"batch_size": 1, "rows": rows})
+    path = write_results(name_out, {"batch_size": 1, "rows": rows})
     print(f"wrote {path}")
 
 

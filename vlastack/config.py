@@ -331,10 +331,10 @@ class Config:
 
 def tiny() -> Config:
     """Trains at several steps/s at batch 32 on a 2-core CPU. 64x64 images, patch 8."""
-    d = DecoderConfig(width=128, depth=4, heads=4, kv_heads=1, head_dim=32, mlp_dim=384, vocab_size=260)
+    d = DecoderConfig(width=128, depth=2, heads=4, kv_heads=1, head_dim=32, mlp_dim=384, vocab_size=260)
     return Config(
         model=ModelConfig(
-            vision=VisionConfig(image_size=64, patch_size=8, width=128, depth=4, heads=4, mlp_dim=384),
+            vision=VisionConfig(image_size=64, patch_size=8, width=128, depth=2, heads=4, mlp_dim=384),
             vlm=d,
             expert=replace(d, width=64, mlp_dim=192, vocab_size=1),
             action_horizon=16,
