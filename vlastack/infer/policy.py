@@ -87,7 +87,6 @@ class Policy:
             raise ValueError(f"replan_steps must be in [1, {h}] (the action horizon), got {replan_steps}")
         self.temporal_ensemble = temporal_ensemble
         self.lock = threading.Lock()
-        self.last_valid: np.ndarray | None = None
         self._gen = torch.Generator(device=self.device)
         self._gen.manual_seed(int(seed) if seed is not None else int(torch.initial_seed()) % 2**62)
         self._sample = model.sample_actions
@@ -159,8 +158,9 @@ class Policy:
             return contextlib.nullcontext()
         return torch.autocast(self.device.type, dtype=torch.bfloat16)
 
-    def infer_checked(self, obs_list: list[Obs], noise: torch.Tensor | None = None) -> np.ndarray:
-        """Checked observations -> unnormalized actions float32 [B, H, A_env] (one forward pass)."""
+    def _run(self, obs_list: list[Obs], noise: torch.Tensor | None) -> tuple[np.ndarray, np.ndarray | None]:
+        """-> unnormalized actions float32 [B, H, A_env], and validity bool [B] for token heads
+        (None for the flow head). Both are read under the lock, so they belong to the same batch."""
         c = self.cfg
         batch = build_batch(obs_list, self.spec, c.state_dim, c.max_text_len, self.tokenizer, self.normalizer)
         batch = {k: v.to(self.device) for k, v in batch.items()}
@@ -173,29 +173,33 @@ class Policy:
                 out = self._sample(batch, noise=noise.to(self.device))
             # Token heads flag chunks whose tokens do not decode (e.g. a truncated FAST sequence).
             valid = getattr(self.model.head, "last_valid", None)
-            self.last_valid = None if valid is None else valid.cpu().numpy().astype(bool)
+            valid = None if valid is None else valid.cpu().numpy().astype(bool)
         actions = out.float()[:, :, : self.action_dim].cpu().numpy()
         actions = self.normalizer.unnormalize(ACTION_KEY, actions)
-        return np.ascontiguousarray(actions, dtype=np.float32)
+        return np.ascontiguousarray(actions, dtype=np.float32), valid
 
-    def result_dict(self, actions: np.ndarray, i: int) -> dict:
-        """The reply for item ``i`` of the last ``infer_checked`` batch."""
-        out: dict = {"actions": actions}
-        if self.last_valid is not None:
-            out["valid"] = bool(self.last_valid[i])  # False: do not execute this chunk
-        return out
+    def infer_checked(self, obs_list: list[Obs], noise: torch.Tensor | None = None) -> np.ndarray:
+        """Checked observations -> unnormalized actions float32 [B, H, A_env] (one forward pass)."""
+        return self._run(obs_list, noise)[0]
+
+    def infer_results(self, obs_list: list[Obs]) -> list[dict]:
+        """Checked observations -> one reply each: ``{"actions": [H, A_env]}`` plus, for token
+        heads, ``"valid"`` (False: the tokens did not decode to a full chunk; do not execute it)."""
+        actions, valid = self._run(obs_list, None)
+        if valid is None:
+            return [{"actions": a} for a in actions]
+        return [{"actions": a, "valid": bool(v)} for a, v in zip(actions, valid)]
 
     def infer(self, obs: dict) -> dict[str, np.ndarray]:
         """One observation -> ``{"actions": float32 [H, A_env]}`` in env units (+ ``"valid"``
-        for token heads: False when the predicted tokens did not decode to a full chunk)."""
-        return self.result_dict(self.infer_checked([self.check(obs)])[0], 0)
+        for token heads)."""
+        return self.infer_results([self.check(obs)])[0]
 
     def infer_batch(self, obs_list: list[dict]) -> list[dict[str, np.ndarray]]:
         """Several observations in one forward pass (micro-batching) -> one result dict each."""
         if not obs_list:
             return []
-        actions = self.infer_checked([self.check(o) for o in obs_list])
-        return [self.result_dict(a, i) for i, a in enumerate(actions)]
+        return self.infer_results([self.check(o) for o in obs_list])
 
     # ------------------------------------------------------------------ closed loop
 

@@ -82,7 +82,7 @@ class Batcher:
                 items.append(nxt)
             t0 = time.perf_counter()
             try:
-                actions = self.policy.infer_checked([o for o, _, _ in items])
+                results = self.policy.infer_results([o for o, _, _ in items])
             except Exception as e:  # a failed batch fails its requests, not the server
                 log.exception("inference failed")
                 for _, fut, _ in items:
@@ -92,7 +92,7 @@ class Batcher:
             self.metrics.batch_size(len(items))
             for i, (_, fut, queued) in enumerate(items):
                 timing = {"infer_ms": infer_ms, "queue_ms": (t0 - queued) * 1e3, "batch_size": len(items)}
-                fut.set_result((self.policy.result_dict(actions[i], i), timing))
+                fut.set_result((results[i], timing))
 
     def close(self) -> None:
         """Finish everything queued, then stop the thread."""
