@@ -167,6 +167,9 @@ class ModelConfig:
     camera_names: tuple[str, ...] = ("base_0_rgb", "left_wrist_0_rgb", "right_wrist_0_rgb")
     max_text_len: int = 48
     num_denoise_steps: int = 10
+    # Sampling temperature: the flow starts from noise_scale * N(0, I). 1 samples the learned
+    # distribution; < 1 moves toward its mode, which helps small, under-trained policies.
+    noise_scale: float = 1.0
     time_min_period: float = 4e-3
     time_max_period: float = 4.0
     # "byte": a file-free byte-level tokenizer; otherwise a folder with tokenizer.json/.model.
@@ -185,6 +188,7 @@ class ModelConfig:
                 f"must equal vlm.{k} ({getattr(v, k)}) because the expert attends jointly with the "
                 f"VLM layer by layer; got {getattr(e, k)}",
             )
+        _check(self.noise_scale >= 0, "noise_scale", f"must be >= 0, got {self.noise_scale}")
         _check(self.time_min_period > 0, "time_min_period", "must be > 0")
         _check(self.time_max_period > self.time_min_period, "time_max_period", "must exceed time_min_period")
 

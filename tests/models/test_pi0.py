@@ -44,6 +44,24 @@ def test_sampling_is_deterministic_given_noise(model, cfg):
     )
 
 
+def test_noise_scale_is_the_sampling_temperature(model, cfg):
+    """noise_scale=0 ignores the noise (the deterministic path); 0.5 equals halving the noise."""
+    batch = dummy_batch(cfg, 2)
+    cold = VLA(replace(cfg, noise_scale=0.0)).eval()
+    half = VLA(replace(cfg, noise_scale=0.5)).eval()
+    for m in (cold, half):
+        m.load_state_dict(model.state_dict())
+    a, b = _noise(cfg, 2, seed=1), _noise(cfg, 2, seed=2)
+    torch.testing.assert_close(cold.sample_actions(batch, noise=a), cold.sample_actions(batch, noise=b))
+    torch.testing.assert_close(cold.sample_actions(batch, noise=a), model.sample_actions(batch, noise=0 * a))
+    torch.testing.assert_close(half.sample_actions(batch, noise=a), model.sample_actions(batch, noise=a / 2))
+    with torch.no_grad():
+        ref = half.head.sample_uncached(half, batch, a)
+    torch.testing.assert_close(half.sample_actions(batch, noise=a), ref, atol=1e-5, rtol=1e-5)
+    with pytest.raises(ValueError, match="noise_scale"):
+        replace(cfg, noise_scale=-1.0)
+
+
 @pytest.mark.parametrize("key", ["images", "tokens", "state"])
 def test_inputs_are_not_silently_ignored(model, cfg, key):
     batch = dummy_batch(cfg, 2)
@@ -134,6 +152,16 @@ def test_pi0_preset_parameter_count_on_meta():
     # SigLIP So400m (~413M) + Gemma-2B (~2.51B incl. 527M embeddings) + expert (~311M) + heads.
     assert n == 3_238_048_528
     assert 3.2e9 < n < 3.35e9
+
+
+def test_init_is_lecun_normal_for_weights_and_small_for_embeddings(model):
+    """Linear/conv weights start at std 1/sqrt(fan_in), so small inputs (8-dim state and actions,
+    patch pixels) enter at unit gain; embeddings at 0.02; biases at zero."""
+    head, vis, emb = model.head, model.vision, model.decoder.embed_tokens
+    for w in (head.state_proj.weight, head.action_in_proj.weight, vis.patch_embedding.weight):
+        assert abs(float(w.std()) * w[0].numel() ** 0.5 - 1.0) < 0.15, (tuple(w.shape), float(w.std()))
+    assert abs(float(emb.weight.std()) - 0.02) < 0.002
+    assert float(head.state_proj.bias.abs().max()) == 0.0
 
 
 def test_time_sampling_and_embedding():

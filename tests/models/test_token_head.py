@@ -214,7 +214,7 @@ def test_fast_end_to_end_fit_train_sample_save_load(tmp_path):
 
 def test_parallel_decoding_overfits_with_l1_head():
     m, b = make(micro(decoding="parallel", regression_head=True, state_input="discrete"))
-    hist = train(m, b, 100, 5e-3)
+    hist = train(m, b, 200, 5e-3)
     assert hist[-1] < 0.1 * hist[0], hist[::10]
     m.eval()
     ids, weight, _ = m.head.targets(b)

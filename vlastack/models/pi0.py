@@ -157,6 +157,7 @@ class FlowHead(nn.Module):
         b = batch["state"].shape[0]
         device = batch["state"].device
         x = torch.randn(b, c.action_horizon, c.action_dim, device=device) if noise is None else noise.float()
+        x = x * c.noise_scale  # noise is standard normal; the config sets the temperature
         cache, positions, mask = self.prefill(vla, batch)
         dt = -1.0 / n
         for i in range(n):
@@ -168,7 +169,7 @@ class FlowHead(nn.Module):
         """Reference sampler that recomputes the whole sequence every step (for tests). -> [B, H, A]."""
         n = num_steps or self.cfg.num_denoise_steps
         prefix, prefix_pad = vla.embed_prefix(batch)
-        x, dt = noise.float(), -1.0 / n
+        x, dt = noise.float() * self.cfg.noise_scale, -1.0 / n
         for i in range(n):
             t = torch.full((x.shape[0],), 1.0 + i * dt, device=x.device)
             x = x + dt * self.velocity_full(vla, prefix, prefix_pad, batch["state"], x, t)

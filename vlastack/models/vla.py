@@ -53,10 +53,19 @@ class VLA(nn.Module):
 
     @torch.no_grad()
     def reset_parameters(self, std: float = 0.02) -> None:
-        """Transformer-style init: N(0, 0.02) weights, zero biases; norms keep their own init."""
+        """LeCun-normal init, N(0, 1/fan_in), for linear and conv weights (the flax default that
+        big_vision's SigLIP and openpi train with); N(0, ``std``) for embeddings; zero biases.
+
+        For the 2048-wide pi0 shapes this is close to N(0, 0.02), but narrow presets and small
+        inputs (state, actions, patch pixels) need it: with N(0, 0.02) the tiny preset's patch
+        content started at a quarter of the position table's scale, and its state and action
+        projections 17x below unit gain. On the demo's reach task it trained to a lower loss
+        (0.627 vs 0.682 after 1500 steps).
+        """
         for m in self.modules():
             if isinstance(m, nn.Linear | nn.Conv2d | nn.Embedding) and m.weight.device.type != "meta":
-                nn.init.normal_(m.weight, std=std)
+                fan_in = m.weight[0].numel()
+                nn.init.normal_(m.weight, std=std if isinstance(m, nn.Embedding) else fan_in**-0.5)
                 if getattr(m, "bias", None) is not None:
                     nn.init.zeros_(m.bias)
         self.vision.init_position_embedding()

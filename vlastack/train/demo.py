@@ -33,6 +33,7 @@ model:
   expert: {depth: 2}
   action_horizon: 8
   num_denoise_steps: 5
+  noise_scale: 0.0
 train:
   steps: 3500
   batch_size: 32
@@ -54,8 +55,8 @@ eval:
   videos: 4
 """
 )
-DEMO_EPISODES = 1000
-DATA_NOISE = 0.05  # DART-style noise on executed expert actions: demos include recoveries
+DEMO_EPISODES = 2000
+DATA_NOISE = 0.3  # DART-style noise on executed expert actions: demos include recoveries
 REPLACED_PROMPT = "do the task"
 QUICK = ["train.steps=60", "train.log_every=10", "train.save_every=60", "eval.episodes=20"]
 
