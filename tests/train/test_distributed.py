@@ -48,9 +48,14 @@ def _launch(modes: str, world: int, out: Path) -> None:
 def _compare(ref: dict, got: dict, init: dict) -> None:
     assert ref.keys() == got.keys()
     torch.testing.assert_close(got["__norms__"], ref["__norms__"], rtol=1e-5, atol=1e-6)
+    diffs = []
     for k in init:
-        # Adam turns all-reduce rounding on near-zero gradients into differences up to ~1e-5
-        torch.testing.assert_close(got[k], ref[k], rtol=1e-4, atol=2e-5, msg=k)
+        # Adam's first steps are ~lr * sign(g): all-reduce rounding on gradients that are zero in
+        # exact arithmetic (key biases, some patch pixels) moves single weights by up to ~5e-5
+        # (lr 1e-3); a missing or wrong sync would move most weights by ~lr.
+        torch.testing.assert_close(got[k], ref[k], rtol=1e-4, atol=1e-4, msg=k)
+        diffs.append((got[k] - ref[k]).abs().flatten())
+    assert torch.cat(diffs).mean().item() < 1e-6
     assert max((ref[k] - v).abs().max().item() for k, v in init.items()) > 1e-4  # weights moved
 
 
