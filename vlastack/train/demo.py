@@ -28,9 +28,6 @@ from vlastack.config import Config, from_dict, load_config, save_yaml
 RECIPE: dict[str, Any] = yaml.safe_load(
     """
 model:
-  vision: {patch_size: 8, depth: 2}
-  vlm: {depth: 2}
-  expert: {depth: 2}
   action_horizon: 8
   num_denoise_steps: 5
   noise_scale: 0.0
