@@ -129,3 +129,28 @@ def test_timestamp_tolerance(tmp_path):
     pq.write_table(t, f)
     with pytest.raises(ValueError, match=r"episode 0: timestamp .* of frame 3"):
         LeRobotDataset(root)
+
+
+def test_yuv444_lossless_video_keeps_small_colored_objects(tmp_path):
+    """yuv420p halves color resolution: the edges of a 7-px colored square come back visibly wrong.
+    yuv444p at crf 0 decodes to the written pixels up to the RGB->YUV rounding."""
+    feats = {"observation.images.scene": FEATURES["observation.images.scene"], "action": FEATURES["action"]}
+    rng = np.random.default_rng(0)
+    frames = np.full((6, 32, 32, 3), 180, np.uint8)
+    for f in frames:
+        x, y = rng.integers(0, 24, 2)
+        f[y : y + 7, x : x + 7] = (230, 25, 25)
+    ep = {"observation.images.scene": frames, "action": np.zeros((6, 3), np.float32)}
+    err = {}
+    for pix, crf in (("yuv420p", None), ("yuv444p", 0)):
+        w = LeRobotWriter(tmp_path / pix, fps=10, features=feats, video_pix_fmt=pix, video_crf=crf)
+        w.add_episode(ep, task="t")
+        w.finalize()
+        info = json.loads((tmp_path / pix / "meta/info.json").read_text())
+        assert info["features"]["observation.images.scene"]["info"]["video.pix_fmt"] == pix
+        ds = LeRobotDataset(tmp_path / pix)
+        got = np.stack([ds[i]["observation.images.scene"] for i in range(6)]).astype(int)
+        err[pix] = np.abs(got - frames).max()
+    assert err["yuv444p"] <= 1 < 60 < err["yuv420p"]
+    with pytest.raises(ValueError, match="video_pix_fmt must be one of"):
+        LeRobotWriter(tmp_path / "bad", fps=10, features=feats, video_pix_fmt="rgb24")

@@ -27,7 +27,7 @@ import pyarrow.parquet as pq
 from vlastack.data import format as fmt
 from vlastack.data.reader import LeRobotDataset
 from vlastack.data.stats import RunningStats, exact_stats, stats_to_json
-from vlastack.data.video import VideoEncoder
+from vlastack.data.video import PIX_FMTS, VideoEncoder
 
 __all__ = ["LeRobotDataset", "LeRobotWriter", "encode_png"]
 
@@ -70,6 +70,8 @@ class LeRobotWriter:
         robot_type: str | None = None,
         video_codec: str | None = None,
         gop: int = 2,
+        video_pix_fmt: str = "yuv420p",
+        video_crf: int | None = None,
         data_files_size_in_mb: float = fmt.DATA_FILE_SIZE_MB,
         video_files_size_in_mb: float = fmt.VIDEO_FILE_SIZE_MB,
         chunks_size: int = fmt.CHUNKS_SIZE,
@@ -81,6 +83,9 @@ class LeRobotWriter:
         if fps <= 0:
             raise ValueError(f"fps must be > 0, got {fps}")
         self.fps, self.robot_type, self.gop, self.codec = int(fps), robot_type, gop, video_codec
+        if video_pix_fmt not in PIX_FMTS:
+            raise ValueError(f"video_pix_fmt must be one of {PIX_FMTS}, got {video_pix_fmt!r}")
+        self.pix_fmt, self.crf = video_pix_fmt, video_crf
         self.features = {k: dict(v) for k, v in features.items() if k not in fmt.DEFAULT_FEATURES}
         for k, ft in self.features.items():
             if "/" in k:
@@ -244,7 +249,9 @@ class LeRobotWriter:
             path = self.stage / fmt.VIDEO_PATH.format(video_key=key, chunk_index=c, file_index=f)
             path.parent.mkdir(parents=True, exist_ok=True)
             h, w, _ = self.features[key]["shape"]
-            enc = self._videos[key] = VideoEncoder(path, self.fps, h, w, codec=self.codec, gop=self.gop)
+            enc = self._videos[key] = VideoEncoder(
+                path, self.fps, h, w, codec=self.codec, gop=self.gop, pix_fmt=self.pix_fmt, crf=self.crf
+            )
         start = enc.num_frames
         enc.write(frames)
         c, f = self._video_pos[key]
@@ -268,7 +275,7 @@ class LeRobotWriter:
                     "video.codec": {"libx264": "h264", "libsvtav1": "av1", "libopenh264": "h264"}.get(
                         enc.codec, enc.codec
                     ),
-                    "video.pix_fmt": "yuv420p",
+                    "video.pix_fmt": enc.pix_fmt,
                     "video.is_depth_map": False,
                     "video.fps": self.fps,
                     "video.channels": 3,

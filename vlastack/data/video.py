@@ -29,26 +29,51 @@ def pick_codec(preferred: str | None = None) -> str:
     raise RuntimeError("PyAV has no usable video encoder (tried libx264, libsvtav1, libopenh264, mpeg4)")
 
 
+PIX_FMTS = ("yuv420p", "yuv444p")
+
+
 class VideoEncoder:
-    """Write uint8 [H, W, 3] frames at ``fps`` into ``path``; frame i gets pts i (time i / fps)."""
+    """Write uint8 [H, W, 3] frames at ``fps`` into ``path``; frame i gets pts i (time i / fps).
+
+    ``pix_fmt="yuv420p"`` (the LeRobot default) stores color at half resolution: at 64 px a 5 cm
+    block is ~8 px wide and its edges change color by up to ~190/255 after decoding, a shift
+    between training frames and the raw frames a simulator policy sees. ``"yuv444p"`` keeps full
+    color resolution; with ``crf=0`` H.264 is lossless (``max |error| <= 1`` from the RGB->YUV
+    rounding) for ~1.3x the bytes at 64 px.
+    """
 
     def __init__(
-        self, path: str | Path, fps: int, height: int, width: int, codec: str | None = None, gop: int = 2
+        self,
+        path: str | Path,
+        fps: int,
+        height: int,
+        width: int,
+        codec: str | None = None,
+        gop: int = 2,
+        pix_fmt: str = "yuv420p",
+        crf: int | None = None,
     ) -> None:
+        if pix_fmt not in PIX_FMTS:
+            raise ValueError(f"pix_fmt must be one of {PIX_FMTS}, got {pix_fmt!r}")
         self.path = Path(path)
         self.codec = pick_codec(codec)
+        supported = av.codec.Codec(self.codec, "w").video_formats or ()
+        if supported and pix_fmt not in {f.name for f in supported}:
+            raise ValueError(f"video codec {self.codec} cannot encode pix_fmt {pix_fmt!r}")
+        self.pix_fmt = pix_fmt
         self.container = av.open(str(self.path), mode="w")
         self.stream = self.container.add_stream(self.codec, rate=Fraction(fps).limit_denominator(1001))
         self.stream.width, self.stream.height = width, height
-        self.stream.pix_fmt = "yuv420p"
+        self.stream.pix_fmt = pix_fmt
         self.stream.codec_context.time_base = Fraction(1, fps)
         opts = {"g": str(gop), "bf": "0"}
         if self.codec == "libx264":
             # No scene-cut keyframes: GOPs stay exactly `gop` long. fastdecode (no CABAC/deblock)
             # decodes ~40% faster for ~40% more bytes: training reads each frame many times.
-            opts.update(crf="23", preset="veryfast", tune="fastdecode", **{"x264-params": "scenecut=0"})
+            opts.update(crf=str(23 if crf is None else crf), preset="veryfast", tune="fastdecode")
+            opts["x264-params"] = "scenecut=0"
         elif self.codec == "libsvtav1":
-            opts.update(crf="30", preset="12")
+            opts.update(crf=str(30 if crf is None else crf), preset="12")
         self.stream.options = opts
         self.height, self.width = height, width
         self.num_frames = 0

@@ -19,6 +19,12 @@ def register(sub, groups) -> None:
     g.add_argument("--noise", type=float, default=0.0, help="std of Gaussian noise on executed dx,dy,dz")
     g.add_argument("--seed", type=int, default=0, help="episode k uses env seed SEED + k")
     g.add_argument("--overwrite", action="store_true")
+    g.add_argument(
+        "--video-quality",
+        choices=["standard", "lossless"],
+        default="standard",
+        help="standard: yuv420p H.264 (LeRobot's default); lossless: yuv444p, frames decode to the rendered pixels",
+    )
     g.set_defaults(func=_generate)
 
     e = sub.add_parser("eval", help="closed-loop evaluation of a policy on a simulated suite")
@@ -56,6 +62,7 @@ def _generate(args: argparse.Namespace) -> int:
         noise=args.noise,
         seed=args.seed,
         overwrite=args.overwrite,
+        video_quality=args.video_quality,
     )
     rates = ", ".join(f"{t} {r:.0%}" for t, r in rep["expert_success"].items() if r is not None)
     print(

@@ -26,6 +26,9 @@ import numpy as np
 EVAL_SEED_START = 1_000_000  # EvalConfig.seed: generation seeds must stay below it
 STATE_NAMES = ["ee_x", "ee_y", "ee_z", "gripper_opening", "holding"]
 ACTION_NAMES = ["dx", "dy", "dz", "grip"]
+# name -> (pix_fmt, crf): "standard" is LeRobot's yuv420p; "lossless" keeps the exact rendered
+# colors, so training frames match what a policy sees from the simulator (see data/video.py).
+VIDEO_QUALITY = {"standard": ("yuv420p", None), "lossless": ("yuv444p", 0)}
 _ENVS: dict[tuple, Any] = {}  # (task, env kwargs) -> env, reused across jobs in one process
 
 
@@ -83,6 +86,7 @@ def generate(
     noise: float = 0.0,
     seed: int = 0,
     overwrite: bool = False,
+    video_quality: str = "standard",
 ) -> dict[str, Any]:
     """Write ``episodes`` successful expert demos to a LeRobot v3 dataset at ``out``; returns a report."""
     from vlastack.data.lerobot import LeRobotWriter
@@ -91,6 +95,9 @@ def generate(
     names = suite_tasks(suite, tuple(tasks))
     if episodes < 1 or workers < 0 or noise < 0:
         raise ValueError("need episodes >= 1, workers >= 0 and noise >= 0")
+    if video_quality not in VIDEO_QUALITY:
+        raise ValueError(f"video_quality must be one of {sorted(VIDEO_QUALITY)}, got {video_quality!r}")
+    pix_fmt, crf = VIDEO_QUALITY[video_quality]
     max_attempts = 2 * episodes + 10
     if seed < 0 or seed + max_attempts > EVAL_SEED_START:
         raise ValueError(
@@ -114,7 +121,13 @@ def generate(
         features["observation.state"]["names"] = STATE_NAMES
         features["action"]["names"] = ACTION_NAMES
     writer = LeRobotWriter(
-        out, fps=fps, features=features, robot_type=f"vlastack_{suite}", overwrite=overwrite
+        out,
+        fps=fps,
+        features=features,
+        robot_type=f"vlastack_{suite}",
+        overwrite=overwrite,
+        video_pix_fmt=pix_fmt,
+        video_crf=crf,
     )
 
     t0 = time.perf_counter()
@@ -162,6 +175,7 @@ def generate(
         "cameras": list(cameras),
         "noise": noise,
         "seed": seed,
+        "video_quality": video_quality,
         "wall_s": time.perf_counter() - t0,
     }
     (Path(root) / "meta" / "vlastack_sim.json").write_text(

@@ -54,6 +54,7 @@ eval:
 )
 DEMO_EPISODES = 2000
 DATA_NOISE = 0.3  # DART-style noise on executed expert actions: demos include recoveries
+VIDEO_QUALITY = "lossless"  # training frames equal the raw frames the policy sees in evaluation
 REPLACED_PROMPT = "do the task"
 QUICK = ["train.steps=60", "train.log_every=10", "train.save_every=60", "eval.episodes=20"]
 
@@ -129,6 +130,7 @@ def run_demo(
     gen = generate(
         data, suite=cfg.eval.suite, episodes=episodes, workers=2, image_size=cfg.model.vision.image_size,
         cameras=cfg.model.camera_names, noise=DATA_NOISE, seed=0, overwrite=True,
+        video_quality=VIDEO_QUALITY,
     )  # fmt: skip
     timings["generate_s"] = time.perf_counter() - t0
 
