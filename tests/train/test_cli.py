@@ -60,3 +60,31 @@ def test_demo_recipe_matches_configs_yaml():
 
     yaml_path = Path(__file__).parents[2] / "configs" / "demo.yaml"
     assert demo_config() == load_config("tiny", yaml_path)
+
+
+def test_vla_train_under_torchrun_ddp(sim_data, tmp_path):
+    """`torchrun --nproc_per_node 2 vla train train.parallel=ddp` on CPU/gloo: both ranks exit 0,
+    only rank 0 prints and writes the run folder, and the exported policy loads."""
+    import os
+    import socket
+    import subprocess
+    import sys
+
+    from vlastack.infer.policy import Policy
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    run = tmp_path / "run"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={port}",
+           "-m", "vlastack.cli", "train", "--data", str(sim_data), "--out", str(run), *OV,
+           "train.parallel=ddp", "train.steps=2", "train.eval_every=0", "train.num_threads=1"]  # fmt: skip
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
+    log = p.stdout + p.stderr
+    assert p.returncode == 0, log[-3000:]
+    assert p.stdout.count("done: 2 steps") == 1, log[-3000:]
+    assert "terminate called" not in log
+    recs = [json.loads(ln) for ln in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in recs if "train/loss" in r] == [2]
+    Policy.from_pretrained(str(run / "final"))

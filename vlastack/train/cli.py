@@ -42,6 +42,9 @@ def _train(args: argparse.Namespace) -> int:
     summary = trainer.fit()
     if trainer.is_main:
         print(f"done: {summary['steps']} steps in {summary['train_s']:.0f}s; policy at {summary['final']}")
+    from vlastack.train.parallel import shutdown_distributed
+
+    shutdown_distributed()
     return 0
 
 

@@ -50,6 +50,14 @@ def init_distributed(device_type: str) -> DistInfo:
     return DistInfo(dist.get_rank(), dist.get_world_size(), local)
 
 
+def shutdown_distributed() -> None:
+    """Leave the process group after a finished run: ranks meet at a barrier, then tear it down,
+    so no backend thread is left for interpreter teardown (where gloo can abort the process)."""
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
+
+
 def dist_info() -> DistInfo:
     if dist.is_available() and dist.is_initialized():
         return DistInfo(dist.get_rank(), dist.get_world_size(), int(os.environ.get("LOCAL_RANK", "0")))
