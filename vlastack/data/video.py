@@ -39,7 +39,7 @@ class VideoEncoder:
     block is ~8 px wide and its edges change color by up to ~190/255 after decoding, a shift
     between training frames and the raw frames a simulator policy sees. ``"yuv444p"`` keeps full
     color resolution; with ``crf=0`` H.264 is lossless (``max |error| <= 1`` from the RGB->YUV
-    rounding) for ~1.3x the bytes at 64 px.
+    rounding) for ~1.8x the bytes (the demo's 64 px data: 68 vs 37 MB).
     """
 
     def __init__(
@@ -55,6 +55,8 @@ class VideoEncoder:
     ) -> None:
         if pix_fmt not in PIX_FMTS:
             raise ValueError(f"pix_fmt must be one of {PIX_FMTS}, got {pix_fmt!r}")
+        if crf is not None and not 0 <= crf <= 63:
+            raise ValueError(f"crf must be in [0, 63] (0 = lossless for H.264), got {crf}")
         self.path = Path(path)
         self.codec = pick_codec(codec)
         supported = av.codec.Codec(self.codec, "w").video_formats or ()
