@@ -51,8 +51,8 @@ def init_distributed(device_type: str) -> DistInfo:
 
 
 def shutdown_distributed() -> None:
-    """Leave the process group after a finished run: ranks meet at a barrier, then tear it down,
-    so no backend thread is left for interpreter teardown (where gloo can abort the process)."""
+    """Leave the process group after a finished run: ranks meet at a barrier, then tear it down
+    (torch asks for an explicit ``destroy_process_group`` rather than cleanup at interpreter exit)."""
     if dist.is_available() and dist.is_initialized():
         dist.barrier()
         dist.destroy_process_group()
