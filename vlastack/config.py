@@ -27,6 +27,11 @@ class ConfigError(ValueError):
         self.key, self.msg = key, msg
         super().__init__(f"{key}: {msg}" if key else msg)
 
+    def __reduce__(self):
+        # The default rebuilds from self.args (one string) and fails on a 2-argument __init__, so an
+        # error raised in an eval worker process would reach the parent as a dead worker instead.
+        return type(self), (self.key, self.msg)
+
 
 def _check(cond: bool, key: str, msg: str) -> None:
     if not cond:

@@ -1,3 +1,5 @@
+import pickle
+
 import pytest
 
 from vlastack.config import ConfigError, from_dict, load_config, load_yaml, save_yaml, to_dict
@@ -60,6 +62,9 @@ def test_bad_keys_and_values_name_the_key(override, key):
     assert isinstance(e.value, ConfigError)
     assert e.value.key == key, str(e.value)
     assert str(e.value).startswith(key)
+    # Eval and data workers send errors back by pickle; the key and message must survive it.
+    back = pickle.loads(pickle.dumps(e.value))
+    assert isinstance(back, ConfigError) and (back.key, str(back)) == (key, str(e.value))
 
 
 def test_unknown_yaml_key_is_rejected(tmp_path):

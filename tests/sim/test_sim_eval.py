@@ -162,6 +162,19 @@ def test_crashed_worker_is_reported_not_hung():
     assert time.perf_counter() - t0 < 60
 
 
+def test_broken_checkpoint_error_crosses_process_boundary(tmp_path):
+    """A policy folder the worker cannot load reports why, not as a dead worker."""
+    from vlastack.config import load_config
+    from vlastack.models import build_model
+
+    build_model(load_config("tiny").model).save_pretrained(tmp_path)
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    cfg["model"]["vision"]["widht"] = 3
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ValueError, match=r"model\.vision\.widht: unknown key"):
+        evaluate(str(tmp_path), tasks=("reach",), episodes=1, num_workers=1, videos=0, cameras=("scene",))
+
+
 def test_user_errors():
     with pytest.raises(ValueError, match="cannot be sent to worker"):
         evaluate(RandomPolicy(), episodes=1, num_workers=2)
