@@ -27,7 +27,7 @@ class ConfigError(ValueError):
         self.key, self.msg = key, msg
         super().__init__(f"{key}: {msg}" if key else msg)
 
-    def __reduce__(self):
+    def __reduce__(self) -> tuple[type[ConfigError], tuple[str, str]]:
         # The default rebuilds from self.args (one string) and fails on a 2-argument __init__, so an
         # error raised in an eval worker process would reach the parent as a dead worker instead.
         return type(self), (self.key, self.msg)
