@@ -9,7 +9,8 @@ Actions are float32 [4] = (dx, dy, dz, grip): dx..dz are clipped to [-1, 1] and 
 by up to ``MAX_DELTA`` = 3 cm per step (10 Hz control, 20 physics substeps); grip > 0 closes.
 An episode terminates on success (reward 1) and is truncated at the task's step limit.
 
-Privileged hook: ``env.expert_action()`` is the scripted expert's next action. Policies that set
+Privileged hooks: ``env.expert_action()`` is the scripted expert's next action, and
+``env.privileged_state()`` the task's key object and goal positions (see ``sim/imitability.py``). Policies that set
 ``needs_env = True`` (``ExpertPolicy``) receive the env from the evaluator to call it.
 """
 
@@ -99,6 +100,10 @@ class BuiltinEnv(gym.Env):
     def expert_action(self) -> np.ndarray:
         """The scripted expert's next action (privileged: reads simulator state)."""
         return self.task.expert()
+
+    def privileged_state(self) -> np.ndarray:
+        """The task's two key points (object, goal) as float32 [6] (privileged, for oracle checks)."""
+        return np.concatenate(self.task.key_positions()).astype(np.float32)
 
     def render(self) -> np.ndarray:
         return self.core.render()[self.core.cameras[0]]

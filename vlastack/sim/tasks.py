@@ -69,6 +69,10 @@ class Task:
     def expert(self) -> np.ndarray:
         raise NotImplementedError
 
+    def key_positions(self) -> tuple[np.ndarray, np.ndarray]:
+        """Privileged: the two points the task is about (object, goal), each xyz [3] in metres."""
+        raise NotImplementedError
+
     def _phrase(self, rng: np.random.Generator, **kw) -> str:
         return self.phrasings[rng.integers(len(self.phrasings))].format(**kw)
 
@@ -121,6 +125,9 @@ class Reach(Task):
         far = np.linalg.norm(ee[:2] - top[:2]) > 0.03
         goal = np.array([top[0], top[1], HOVER_Z if far else top[2] + 0.015])
         return _toward(ee, goal, -1.0)
+
+    def key_positions(self) -> tuple[np.ndarray, np.ndarray]:
+        return self._top(), self._top()
 
 
 class Push(Task):
@@ -175,6 +182,9 @@ class Push(Task):
         if np.linalg.norm(ee[:2] - pre) > 0.012:
             return _toward(ee, np.array([*pre, HOVER_Z]), 1.0)
         return _toward(ee, np.array([*pre, push_z]), 1.0)
+
+    def key_positions(self) -> tuple[np.ndarray, np.ndarray]:
+        return self.core.pos("block0"), self.core.pos("pad")
 
 
 def _seg_dist(p: np.ndarray, a: np.ndarray, b: np.ndarray) -> float:
@@ -238,6 +248,9 @@ class PickPlace(Task):
     def expert(self) -> np.ndarray:
         return pick_place_action(self.core, 0, self.core.pos("bowl")[:2], 0.075)
 
+    def key_positions(self) -> tuple[np.ndarray, np.ndarray]:
+        return self.core.pos("block0"), self.core.pos("bowl")
+
 
 class Stack(Task):
     family = "stack"
@@ -257,6 +270,9 @@ class Stack(Task):
     def expert(self) -> np.ndarray:
         base = self.core.pos("block1")
         return pick_place_action(self.core, 0, base[:2], base[2] + 2 * BLOCK_HALF + 0.008)
+
+    def key_positions(self) -> tuple[np.ndarray, np.ndarray]:
+        return self.core.pos("block0"), self.core.pos("block1")
 
 
 TASKS: dict[str, type[Task]] = {t.family: t for t in (Reach, Push, PickPlace, Stack)}
