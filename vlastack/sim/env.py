@@ -10,8 +10,8 @@ by up to ``MAX_DELTA`` = 3 cm per step (10 Hz control, 20 physics substeps); gri
 An episode terminates on success (reward 1) and is truncated at the task's step limit.
 
 Privileged hooks: ``env.expert_action()`` is the scripted expert's next action, and
-``env.privileged_state()`` the task's key object and goal positions (see ``sim/imitability.py``). Policies that set
-``needs_env = True`` (``ExpertPolicy``) receive the env from the evaluator to call it.
+``env.privileged_state()`` the task's key object and goal positions (see ``sim/imitability.py``).
+Policies that set ``needs_env = True`` (``ExpertPolicy``) receive the env from the evaluator.
 """
 
 from __future__ import annotations
