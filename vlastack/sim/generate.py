@@ -32,17 +32,22 @@ VIDEO_QUALITY = {"standard": ("yuv420p", None), "lossless": ("yuv444p", 0)}
 _ENVS: dict[tuple, Any] = {}  # (task, env kwargs) -> env, reused across jobs in one process
 
 
-def rollout_expert(env, seed: int, noise: float = 0.0) -> dict[str, Any]:
-    """One expert episode -> {success, prompt, length, images {cam: uint8 [T,H,W,3]}, state, action}."""
+def rollout_expert(env, seed: int, noise: float = 0.0, privileged: bool = False) -> dict[str, Any]:
+    """One expert episode -> {success, prompt, length, images {cam: uint8 [T,H,W,3]}, state, action}.
+
+    ``privileged``: also record ``env.privileged_state()`` per step as ``"privileged"`` float32 [T, 6].
+    """
     obs, _ = env.reset(seed=seed)
     rng = np.random.default_rng([seed, 7])
     imgs: dict[str, list] = {c: [] for c in obs["images"]}
-    states, actions, ok = [], [], False
+    states, actions, keys, ok = [], [], [], False
     for _ in range(env.max_steps):
         a = np.asarray(env.expert_action(), np.float32)
         for c, im in obs["images"].items():
             imgs[c].append(im)
         states.append(obs["state"])
+        if privileged:
+            keys.append(env.privileged_state())
         actions.append(a)
         act = a.copy()
         if noise > 0:
@@ -51,7 +56,7 @@ def rollout_expert(env, seed: int, noise: float = 0.0) -> dict[str, Any]:
         if terminated or truncated:
             ok = bool(info.get("success", terminated))
             break
-    return {
+    ep = {
         "success": ok,
         "prompt": obs["prompt"],
         "length": len(actions),
@@ -59,6 +64,9 @@ def rollout_expert(env, seed: int, noise: float = 0.0) -> dict[str, Any]:
         "state": np.stack(states).astype(np.float32),
         "action": np.stack(actions).astype(np.float32),
     }
+    if privileged:
+        ep["privileged"] = np.stack(keys)
+    return ep
 
 
 def _job(task: str, seed: int, env_kw: dict, noise: float) -> dict[str, Any]:

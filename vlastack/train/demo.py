@@ -54,7 +54,7 @@ eval:
 )
 DEMO_EPISODES = 2000
 # DART-style noise on executed expert actions, so demos include small recoveries. Not more: with
-# perfect perception an MLP imitates these experts 100% at 0.1 but 25% at 0.3, where the noise
+# perfect perception an MLP imitates these experts 100% at 0.1 but 26% at 0.3, where the noise
 # scatters the gripper and phase switches (sim/imitability.py, bench/results/imitability.json).
 DATA_NOISE = 0.1
 VIDEO_QUALITY = "lossless"  # training frames equal the raw frames the policy sees in evaluation
