@@ -14,6 +14,8 @@ A = ``model.action_dim``, S = ``model.state_dim``, L = ``model.max_text_len``.
 | actions           | float32          | [B, H, A]        | normalized action chunk (training only)        |
 | action_is_pad     | bool             | [B, H]           | True on steps past the episode end (training)  |
 | action_dim_mask   | bool             | [B, A]           | True on real (unpadded) action dims (training) |
+| env_state         | float32          | [B, G]           | normalized grounding targets (training, only   |
+|                   |                  |                  | with ``model.grounding``; G = 3 x points)      |
 
 Images of a camera that is absent are zeros with ``image_mask`` False; padded text positions have
 ``token_mask`` False. Models must give the same outputs whatever the values at masked positions.
@@ -43,6 +45,7 @@ def expected_shapes(cfg: ModelConfig, batch_size: int) -> dict[str, tuple[int, .
         "actions": (batch_size, cfg.action_horizon, cfg.action_dim),
         "action_is_pad": (batch_size, cfg.action_horizon),
         "action_dim_mask": (batch_size, cfg.action_dim),
+        "env_state": (batch_size, cfg.grounding.dim),
     }
 
 
@@ -55,6 +58,7 @@ _DTYPES = {
     "actions": (torch.float32, torch.bfloat16, torch.float16),
     "action_is_pad": (torch.bool,),
     "action_dim_mask": (torch.bool,),
+    "env_state": (torch.float32, torch.bfloat16, torch.float16),
 }
 
 
@@ -63,6 +67,8 @@ def validate_batch(batch: Batch, cfg: ModelConfig, train: bool = False) -> int:
     if not isinstance(batch, dict):
         raise TypeError(f"batch must be a dict of tensors, got {type(batch).__name__}")
     keys = OBS_KEYS + (TRAIN_KEYS if train else ())
+    if train and cfg.grounding.points:
+        keys += ("env_state",)
     missing = [k for k in keys if k not in batch]
     if missing:
         raise ValueError(f"batch is missing keys {missing}; expected {list(keys)}")
@@ -122,4 +128,6 @@ def dummy_batch(
         dim_mask = torch.ones(sh["action_dim_mask"], dtype=torch.bool)
         dim_mask[:, max(1, cfg.action_dim - 2) :] = False
         batch["action_dim_mask"] = dim_mask
+        if cfg.grounding.points:
+            batch["env_state"] = torch.randn(sh["env_state"], generator=g)
     return to_device(batch, device, non_blocking=False)

@@ -47,6 +47,8 @@ def test_missing_camera_and_dims(dataset):
         VLADataset(_cfg("model.camera_names=[left]"), root)
     with pytest.raises(ValueError, match=r"model\.action_dim"):
         VLADataset(_cfg("model.action_dim=2"), root)
+    with pytest.raises(ValueError, match=r"observation\.environment_state"):
+        VLADataset(_cfg("model.grounding.points=2"), root)  # a grounding model needs the targets
 
 
 def test_streaming_exactly_once(dataset):

@@ -122,11 +122,11 @@ def test_denoise_step_has_no_graph_breaks(model, cfg):
 
     batch = dummy_batch(cfg, 1, train=False)
     with torch.no_grad():
-        cache, positions, mask = model.head.prefill(model, batch)
+        cache, positions, mask, state = model.head.prefill(model, batch)
         x, t = _noise(cfg, 1), torch.full((1,), 0.7)
 
         def step(x, t):
-            return model.head.denoise_step(model, cache, batch["state"], x, t, positions, mask)
+            return model.head.denoise_step(model, cache, state, x, t, positions, mask)
 
         dynamo.reset()
         explain = dynamo.explain(step)(x, t)

@@ -74,3 +74,28 @@ def test_generate_lossless_video_frames_equal_the_rendered_frames(tmp_path):
         assert diff.max() <= 1, cam
     with pytest.raises(ValueError, match="video_quality must be one of"):
         generate(tmp_path / "e", episodes=1, workers=0, video_quality="best")
+
+
+def test_generate_records_environment_state_for_grounding(tmp_path):
+    """Builtin demos carry the named object's and goal's positions per frame (privileged state), and
+    a grounding model's samples get them normalized as ``env_state``."""
+    from vlastack.config import load_config
+    from vlastack.data.samples import ENV_KEY, VLADataset
+    from vlastack.sim.env import make_env
+
+    out = tmp_path / "d"
+    generate(out, tasks=("reach", "stack"), episodes=2, workers=0, image_size=32, seed=7)
+    ds = LeRobotDataset(out)
+    assert ds.features[ENV_KEY]["shape"] == [6]
+    for k, task in enumerate(("reach", "stack")):
+        env = make_env(task, image_size=32)
+        env.reset(seed=7 + k)
+        first = ds[ds.episode_range(k)[0]]
+        np.testing.assert_allclose(first[ENV_KEY], env.privileged_state(), atol=1e-6)
+    cfg = load_config("tiny", overrides=["model.camera_names=[scene,wrist]", "model.grounding.points=2"])
+    vds = VLADataset(cfg, out)
+    s = vds[3]
+    mean, std = (np.asarray(ds.stats[ENV_KEY][k], np.float32) for k in ("mean", "std"))
+    np.testing.assert_allclose(s["env_state"].numpy(), (ds[3][ENV_KEY] - mean) / (std + 1e-8), atol=1e-4)
+    with pytest.raises(ValueError, match="needs \\[9\\]"):
+        VLADataset(load_config("tiny", overrides=["model.grounding.points=3"]), out)

@@ -8,6 +8,8 @@ Camera slot i reads ``observation.images.<cfg.model.camera_names[i]>``; a camera
 not have is zeros with ``image_mask`` False. State/action are normalized with the dataset's
 ``meta/stats.json`` (modes from ``cfg.data.norm``) and zero-padded to ``model.state_dim`` /
 ``model.action_dim``. ``ds.normalizer`` is what the trainer saves as ``norm_stats.json``.
+With ``model.grounding`` on, samples also carry ``env_state`` [3 x points]: the dataset's
+``observation.environment_state`` (privileged object positions), normalized.
 
 ``StreamingDataset`` shards the epoch into contiguous blocks per (rank, worker) after a seeded
 episode shuffle, so every sample is seen exactly once per epoch across all ranks and workers;
@@ -31,11 +33,14 @@ from vlastack.data.stats import Normalizer
 from vlastack.data.transforms import augment as augment_images
 from vlastack.models.tokenizer import load_tokenizer
 
-STATE_KEY, ACTION_KEY = "observation.state", "action"
+STATE_KEY, ACTION_KEY, ENV_KEY = "observation.state", "action", "observation.environment_state"
 
 
 def normalizer_from_stats(stats: dict, cfg: Config) -> Normalizer:
-    return Normalizer(stats, {STATE_KEY: cfg.data.norm.state, ACTION_KEY: cfg.data.norm.action})
+    modes = {STATE_KEY: cfg.data.norm.state, ACTION_KEY: cfg.data.norm.action}
+    if ENV_KEY in stats:
+        modes[ENV_KEY] = cfg.data.norm.env_state
+    return Normalizer(stats, modes)
 
 
 class VLADataset(Dataset):
@@ -71,6 +76,18 @@ class VLADataset(Dataset):
             raise ValueError(f"{root}: state has {self.state_dim} dims, model.state_dim is {m.state_dim}")
         if self.action_dim > m.action_dim:
             raise ValueError(f"{root}: action has {self.action_dim} dims, model.action_dim is {m.action_dim}")
+        if m.grounding.points:
+            ft = self.ds.features.get(ENV_KEY)
+            if ft is None:
+                raise ValueError(
+                    f"{root}: model.grounding needs the {ENV_KEY!r} feature (privileged object positions, "
+                    "written by `vla data generate` for the builtin suite); set model.grounding.points=0"
+                )
+            if tuple(ft["shape"]) != (m.grounding.dim,):
+                raise ValueError(
+                    f"{root}: {ENV_KEY} has shape {ft['shape']}, model.grounding.points={m.grounding.points} "
+                    f"needs [{m.grounding.dim}]"
+                )
         self.cam_keys = [f"observation.images.{c}" for c in m.camera_names]
         self.present = [k in self.ds.camera_keys for k in self.cam_keys]
         if not any(self.present):
@@ -125,6 +142,9 @@ class VLADataset(Dataset):
             "action_is_pad": is_pad,
             "action_dim_mask": self._dim_mask.clone(),
         }
+        if m.grounding.points:
+            env = self.normalizer.normalize(ENV_KEY, item[ENV_KEY].astype(np.float32))
+            out["env_state"] = torch.from_numpy(np.asarray(env, dtype=np.float32))
         if self.return_index:
             out["index"] = torch.tensor(i, dtype=torch.int64)
         return out

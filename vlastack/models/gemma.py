@@ -141,10 +141,10 @@ class JointDecoder(nn.Module):
         return (h @ self.embed_tokens.weight.t().to(h.dtype)).float()
 
     def new_cache(
-        self, batch_size: int, max_len: int, dtype: torch.dtype, device: torch.device
+        self, batch_size: int, max_len: int, dtype: torch.dtype, device: torch.device, per_layer: bool = False
     ) -> StaticKVCache:
         c = self.vlm_cfg
-        return StaticKVCache(c.depth, batch_size, c.kv_heads, max_len, c.head_dim, dtype, device)
+        return StaticKVCache(c.depth, batch_size, c.kv_heads, max_len, c.head_dim, dtype, device, per_layer)
 
     def forward(
         self,
@@ -155,21 +155,31 @@ class JointDecoder(nn.Module):
         cache_pos: int | Tensor = 0,
         attend_cache: bool = True,
         vlm_output: bool = True,
+        vlm_hidden_at: int | None = None,
     ) -> list[Tensor | None]:
         """xs = [vlm tokens [B, Tv, Wv] | None, expert tokens [B, Te, We] | None];
         positions [B, Tv+Te]; mask bool [B, 1, Tv+Te, S] -> final-normed outputs per expert.
 
         ``vlm_output=False``: the VLM tokens' final outputs are not needed (flow head), so the last
         layer computes only their keys/values and the VLM output is None.
+        ``vlm_hidden_at=i``: also return the VLM tokens' residual stream after layer ``i``
+        (un-normed, [B, Tv, Wv]) as a third item (the grounding head reads it).
         """
         assert len(xs) == 2 and any(x is not None for x in xs)
         assert xs[1] is None or self.expert_cfg is not None, "this decoder has no action expert"
         cos, sin = self.rope(positions)
         last = len(self.layers) - 1
+        hidden = None
         for i, layer in enumerate(self.layers):
             xs = layer(xs, cos, sin, mask, cache, cache_pos, attend_cache, vlm_output or i < last)
+            if i == vlm_hidden_at:
+                hidden = xs[0]
         norms = [self.norm, self.expert_norm]
-        return [n(x) if x is not None else None for n, x in zip(norms, xs)]
+        outs = [n(x) if x is not None else None for n, x in zip(norms, xs)]
+        if vlm_hidden_at is not None:
+            assert hidden is not None, f"no VLM output at layer {vlm_hidden_at}"
+            outs.append(hidden)
+        return outs
 
     def unused_by_flow_head(self) -> list[str]:
         """Parameter names that cannot affect a flow-head loss: the last VLM layer's query, output

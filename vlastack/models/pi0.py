@@ -4,6 +4,10 @@ Suffix tokens = [state token, H action tokens], embedded by the action expert's 
 Block-causal mask: prefix (images + text) bidirectional; the state token starts a block; the action
 tokens form the last block. Training regresses the velocity u = eps - a at x_t = t*eps + (1-t)*a.
 Sampling runs the prefix once into a static KV cache, then N Euler steps over the suffix only.
+
+With ``model.grounding`` on, the state token's input is [state | grounding] where grounding is
+``GroundingHead``'s prediction from the prefix (sampling) or the recorded positions plus noise
+(training; the head's regression loss is added). See models/grounding.py.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from torch import Tensor, nn
 
 from vlastack.batch import Batch
 from vlastack.config import ModelConfig
+from vlastack.models.grounding import GroundingHead
 from vlastack.nn.attention import block_causal_mask
 from vlastack.nn.kv_cache import StaticKVCache
 
@@ -46,7 +51,13 @@ class FlowHead(nn.Module):
         super().__init__()
         self.cfg = cfg
         w = cfg.expert.width
-        self.state_proj = nn.Linear(cfg.state_dim, w)
+        g = cfg.grounding
+        self.grounding = (
+            GroundingHead(cfg.vlm.width, cfg.num_cameras * cfg.vision.num_patches, g.points, g.key_dim,
+                          eps=cfg.vlm.norm_eps)
+            if g.points else None
+        )  # fmt: skip
+        self.state_proj = nn.Linear(cfg.state_dim + g.dim, w)
         self.action_in_proj = nn.Linear(cfg.action_dim, w)
         self.action_time_mlp_in = nn.Linear(2 * w, w)
         self.action_time_mlp_out = nn.Linear(w, w)
@@ -62,8 +73,29 @@ class FlowHead(nn.Module):
         starts[:2] = True
         return starts
 
+    def _decoder_kw(self) -> dict:
+        """The prefix outputs a forward needs: the grounding head's layer, if any."""
+        if self.grounding is None:
+            return {"vlm_output": False}
+        depth = self.cfg.vlm.depth
+        layer = self.cfg.grounding.layer % depth
+        return {"vlm_output": layer == depth - 1, "vlm_hidden_at": layer}
+
+    def condition_state(self, state: Tensor, hidden: Tensor | None, prefix_pad: Tensor) -> Tensor:
+        """state [B, S] -> the state token's input [B, S + G]: the grounding prediction appended."""
+        if self.grounding is None:
+            return state
+        return torch.cat([state, self.grounding(hidden, prefix_pad).to(state.dtype)], dim=-1)
+
+    def predict_grounding(self, vla: VLA, batch: Batch) -> Tensor:
+        """The grounding head's prediction, normalized units. -> fp32 [B, G]."""
+        if self.grounding is None:
+            raise ValueError("this model has no grounding head (model.grounding.points is 0)")
+        prefix, pad = vla.embed_prefix(batch)
+        return self.grounding(self._prefill(vla, prefix, pad)[3], pad)
+
     def embed_suffix(self, state: Tensor, x_t: Tensor, t: Tensor) -> Tensor:
-        """state [B, S], x_t [B, H, A], t [B] -> suffix tokens [B, 1 + H, We]."""
+        """state [B, S(+G)], x_t [B, H, A], t [B] -> suffix tokens [B, 1 + H, We]."""
         c = self.cfg
         state_tok = self.state_proj(state)[:, None]
         act = self.action_in_proj(x_t)
@@ -75,14 +107,15 @@ class FlowHead(nn.Module):
     def velocity_full(
         self, vla: VLA, prefix: Tensor, prefix_pad: Tensor, state: Tensor, x_t: Tensor, t: Tensor
     ) -> Tensor:
-        """Uncached: prefix + suffix through the joint decoder. -> v fp32 [B, H, A]."""
+        """Uncached: prefix + suffix through the joint decoder; ``state`` is the conditioned state
+        [B, S(+G)]. -> v fp32 [B, H, A]."""
         b, p = prefix_pad.shape
         suffix = self.embed_suffix(state, x_t, t)
         pad = torch.cat([prefix_pad, prefix_pad.new_ones(b, self.suffix_len)], dim=1)
         starts = torch.cat([prefix_pad.new_zeros(p), self.suffix_block_starts(prefix.device)])
         mask = block_causal_mask(pad, starts)
         positions = pad.long().cumsum(-1) - 1
-        _, out = vla.decoder([prefix, suffix], positions, mask, vlm_output=False)
+        out = vla.decoder([prefix, suffix], positions, mask, vlm_output=False)[1]
         return self.action_out_proj(out[:, 1:]).float()
 
     def loss(
@@ -96,12 +129,45 @@ class FlowHead(nn.Module):
         x_t = t[:, None, None] * eps + (1 - t[:, None, None]) * actions
         u = eps - actions
         prefix, prefix_pad = vla.embed_prefix(batch)
-        v = self.velocity_full(vla, prefix, prefix_pad, batch["state"], x_t, t)
+        state, g = batch["state"], self.cfg.grounding
+        if self.grounding is None:
+            v = self.velocity_full(vla, prefix, prefix_pad, state, x_t, t)
+        else:
+            target = batch["env_state"].float()
+            forced = target + g.noise * torch.randn_like(target)  # teacher forcing: recorded + noise
+            v, pred = self._velocity_grounded(vla, prefix, prefix_pad, state, forced, x_t, t)
         weight = (~batch["action_is_pad"])[:, :, None] & batch["action_dim_mask"][:, None, :]
         weight = weight.float()
         se = (v - u).pow(2) * weight
         loss = se.sum() / weight.sum().clamp(min=1.0)
-        return {"loss": loss, "mse_per_sample": se.sum((1, 2)) / weight.sum((1, 2)).clamp(min=1.0)}
+        out = {"loss": loss, "mse_per_sample": se.sum((1, 2)) / weight.sum((1, 2)).clamp(min=1.0)}
+        if self.grounding is not None:
+            ground = (pred - target).pow(2).mean()
+            out.update(flow_loss=loss, grounding_loss=ground, loss=loss + g.weight * ground)
+        return out
+
+    def _velocity_grounded(
+        self,
+        vla: VLA,
+        prefix: Tensor,
+        prefix_pad: Tensor,
+        state: Tensor,
+        forced: Tensor,
+        x_t: Tensor,
+        t: Tensor,
+    ) -> tuple[Tensor, Tensor]:
+        """Training with grounding: the prefix runs first, into a cache (with gradients), then the
+        suffix against it, as in sampling. The same math as the joint pass, and 8% faster on the
+        demo model, since prefix queries skip the suffix keys. The state token gets ``forced``
+        [B, G], or per sample with probability 1 - ``teacher_forcing`` the head's own prediction.
+        -> (v fp32 [B, H, A], prediction fp32 [B, G])."""
+        cache, positions, mask, hidden = self._prefill(vla, prefix, prefix_pad, per_layer=True)
+        pred = self.grounding(hidden, prefix_pad)
+        fed, tf = forced, self.cfg.grounding.teacher_forcing
+        if tf < 1:
+            fed = torch.where(torch.rand(pred.shape[0], 1, device=pred.device) < tf, forced, pred)
+        state = torch.cat([state, fed.to(state.dtype)], dim=-1)
+        return self.denoise_step(vla, cache, state, x_t, t, positions, mask), pred
 
     # ------------------------------------------------------------------ sampling
 
@@ -112,19 +178,35 @@ class FlowHead(nn.Module):
         suffix = block_causal_mask(prefix_pad.new_ones(b, s), self.suffix_block_starts(prefix_pad.device))
         return torch.cat([prefix_pad[:, None, None, :].expand(b, 1, s, p), suffix], dim=-1)
 
-    def prefill(self, vla: VLA, batch: Batch) -> tuple[StaticKVCache, Tensor, Tensor]:
-        """Run the prefix once into a fresh static cache. -> (cache, step positions [B, 1+H], step mask)."""
+    def prefill(self, vla: VLA, batch: Batch) -> tuple[StaticKVCache, Tensor, Tensor, Tensor]:
+        """Run the prefix once into a fresh static cache.
+
+        -> (cache, step positions [B, 1+H], step mask, conditioned state [B, S(+G)]).
+        """
         prefix, prefix_pad = vla.embed_prefix(batch)
+        cache, positions, mask, hidden = self._prefill(vla, prefix, prefix_pad)
+        return cache, positions, mask, self.condition_state(batch["state"], hidden, prefix_pad)
+
+    def _prefill(
+        self, vla: VLA, prefix: Tensor, prefix_pad: Tensor, per_layer: bool = False
+    ) -> tuple[StaticKVCache, Tensor, Tensor, Tensor | None]:
+        """-> (cache, step positions, step mask, VLM hidden for the grounding head or None)."""
         b, p = prefix_pad.shape
-        cache = vla.decoder.new_cache(b, p + self.suffix_len, prefix.dtype, prefix.device)
+        cache = vla.decoder.new_cache(b, p + self.suffix_len, prefix.dtype, prefix.device, per_layer)
         positions = prefix_pad.long().cumsum(-1) - 1
         mask = block_causal_mask(prefix_pad, prefix_pad.new_zeros(p))
-        vla.decoder(
-            [prefix, None], positions, mask, cache=cache, cache_pos=0, attend_cache=False, vlm_output=False
+        outs = vla.decoder(
+            [prefix, None],
+            positions,
+            mask,
+            cache=cache,
+            cache_pos=0,
+            attend_cache=False,
+            **self._decoder_kw(),
         )
         n_valid = prefix_pad.long().sum(-1, keepdim=True)  # [B, 1]
         step_positions = n_valid + torch.arange(self.suffix_len, device=prefix.device)[None]
-        return cache, step_positions, self.step_mask(prefix_pad)
+        return cache, step_positions, self.step_mask(prefix_pad), outs[2] if len(outs) > 2 else None
 
     def denoise_step(
         self,
@@ -136,7 +218,8 @@ class FlowHead(nn.Module):
         positions: Tensor,
         mask: Tensor,
     ) -> Tensor:
-        """One velocity evaluation against the cached prefix. x_t [B, H, A], t [B] -> v fp32 [B, H, A].
+        """One velocity evaluation against the cached prefix. state [B, S(+G)] (conditioned, from
+        ``prefill``), x_t [B, H, A], t [B] -> v fp32 [B, H, A].
 
         Only the 1+H suffix tokens run; their k/v overwrite the cache's suffix slots by index.
         """
@@ -158,19 +241,22 @@ class FlowHead(nn.Module):
         device = batch["state"].device
         x = torch.randn(b, c.action_horizon, c.action_dim, device=device) if noise is None else noise.float()
         x = x * c.noise_scale  # noise is standard normal; the config sets the temperature
-        cache, positions, mask = self.prefill(vla, batch)
+        cache, positions, mask, state = self.prefill(vla, batch)
         dt = -1.0 / n
         for i in range(n):
             t = torch.full((b,), 1.0 + i * dt, device=device)
-            x = x + dt * self.denoise_step(vla, cache, batch["state"], x, t, positions, mask)
+            x = x + dt * self.denoise_step(vla, cache, state, x, t, positions, mask)
         return x
 
     def sample_uncached(self, vla: VLA, batch: Batch, noise: Tensor, num_steps: int | None = None) -> Tensor:
         """Reference sampler that recomputes the whole sequence every step (for tests). -> [B, H, A]."""
         n = num_steps or self.cfg.num_denoise_steps
         prefix, prefix_pad = vla.embed_prefix(batch)
+        state = batch["state"]
+        if self.grounding is not None:
+            state = torch.cat([state, self.predict_grounding(vla, batch).to(state.dtype)], dim=-1)
         x, dt = noise.float() * self.cfg.noise_scale, -1.0 / n
         for i in range(n):
             t = torch.full((x.shape[0],), 1.0 + i * dt, device=x.device)
-            x = x + dt * self.velocity_full(vla, prefix, prefix_pad, batch["state"], x, t)
+            x = x + dt * self.velocity_full(vla, prefix, prefix_pad, state, x, t)
         return x

@@ -10,6 +10,11 @@ so demos cover small deviations together with the correction back.
 
 Episode ``k`` uses task ``tasks[k % len(tasks)]`` and seed ``seed + k``. The instruction is the
 LeRobot task string; ``meta/vlastack_sim.json`` keeps suite, family, seed and prompt per episode.
+
+The builtin suite also records ``observation.environment_state``: the task's two key points (the
+object the instruction names and its goal, metres; ``env.privileged_state()``) per frame, as
+LeRobot does for privileged simulator state. ``model.grounding`` trains on it; policies never
+receive it.
 """
 
 from __future__ import annotations
@@ -26,6 +31,8 @@ import numpy as np
 EVAL_SEED_START = 1_000_000  # EvalConfig.seed: generation seeds must stay below it
 STATE_NAMES = ["ee_x", "ee_y", "ee_z", "gripper_opening", "holding"]
 ACTION_NAMES = ["dx", "dy", "dz", "grip"]
+ENV_STATE_NAMES = ["object_x", "object_y", "object_z", "goal_x", "goal_y", "goal_z"]
+ENV_STATE_KEY = "observation.environment_state"
 # name -> (pix_fmt, crf): "standard" is LeRobot's yuv420p; "lossless" keeps the exact rendered
 # colors, so training frames match what a policy sees from the simulator (see data/video.py).
 VIDEO_QUALITY = {"standard": ("yuv420p", None), "lossless": ("yuv444p", 0)}
@@ -76,10 +83,11 @@ def _job(task: str, seed: int, env_kw: dict, noise: float) -> dict[str, Any]:
     key = (task, *sorted((k, tuple(v) if isinstance(v, list) else v) for k, v in env_kw.items()))
     if key not in _ENVS:
         _ENVS[key] = make_env(task, **env_kw)
-    ep = rollout_expert(_ENVS[key], seed, noise)
+    ep = rollout_expert(_ENVS[key], seed, noise, privileged=env_kw.get("suite") == "builtin")
     ep.update(task=task, seed=seed)
     if not ep["success"]:  # don't ship frames we will not write
-        ep.pop("images"), ep.pop("state"), ep.pop("action")
+        for k in ("images", "state", "action", "privileged"):
+            ep.pop(k, None)
     return ep
 
 
@@ -128,6 +136,11 @@ def generate(
     if suite == "builtin":
         features["observation.state"]["names"] = STATE_NAMES
         features["action"]["names"] = ACTION_NAMES
+        features[ENV_STATE_KEY] = {
+            "dtype": "float32",
+            "shape": [len(ENV_STATE_NAMES)],
+            "names": ENV_STATE_NAMES,
+        }
     writer = LeRobotWriter(
         out,
         fps=fps,
@@ -159,6 +172,8 @@ def generate(
                 attempts[ep["task"]][1] += 1
                 data = {f"observation.images.{c}": ep["images"][c] for c in cameras}
                 data.update({"observation.state": ep["state"], "action": ep["action"]})
+                if "privileged" in ep:
+                    data[ENV_STATE_KEY] = ep["privileged"]
                 idx = writer.add_episode(data, task=ep["prompt"])
                 meta.append({"episode_index": idx, "task": ep["task"], "seed": ep["seed"],
                              "prompt": ep["prompt"], "length": ep["length"]})  # fmt: skip

@@ -1,6 +1,6 @@
 """``vla demo``: demonstrations -> tiny policy -> closed-loop evaluation -> report folder.
 
-    vla demo [--out runs/demo] [overrides]     # ~15 minutes on 2 CPU cores
+    vla demo [--out runs/demo] [overrides]     # ~14 minutes on 2 CPU cores
 
 Steps: (1) the scripted expert writes a LeRobot v3 dataset of the built-in suite (seeds from 0);
 (2) the ``tiny`` preset with the recipe below trains on it; (3) the final policy is evaluated on
@@ -31,12 +31,15 @@ model:
   action_horizon: 8
   num_denoise_steps: 5
   noise_scale: 0.0
+  grounding:
+    points: 2
+    weight: 2.0
 train:
-  steps: 3500
+  steps: 2900
   batch_size: 32
   lr: 1.0e-3
   warmup_steps: 100
-  min_lr_ratio: 0.05
+  min_lr_ratio: 0.3
   ema_decay: 0.995
   preload: true
   num_threads: 2

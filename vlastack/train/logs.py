@@ -63,6 +63,9 @@ class RunLogger:
             f"gnorm {m['grad_norm']:.2f} {m['samples_per_s']:.1f} samples/s "
             f"data-wait {100 * m['data_wait']:.0f}% mem {m['peak_mem_mb']:.0f} MiB {elapsed:.0f}s"
         )
+        parts = [f"{k.removesuffix('_loss')} {v:.4f}" for k, v in sorted(m.items()) if k.endswith("_loss")]
+        if parts:  # the model's loss terms, e.g. "flow 0.41 grounding 0.05"
+            line += " (" + ", ".join(parts) + ")"
         if self.tty:
             print("\r" + line, end="\n" if step >= self.total else "", flush=True)
         else:

@@ -4,7 +4,7 @@ non-stepping micro-steps, global-norm clipping, and skipping of non-finite steps
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import nn
@@ -21,6 +21,9 @@ class StepResult:
     grad_norm: float  # global norm before clipping (NaN when not computed)
     ok: bool  # the optimizer applied the update
     scaled_skip: bool = False  # fp16: GradScaler found inf/NaN gradients and skipped (not an error)
+    # The model's other ``*_loss`` outputs (e.g. flow_loss, grounding_loss), mean over this rank's
+    # micro-batches: for logging only, so they are not all-reduced.
+    parts: dict[str, float] = field(default_factory=dict)
 
 
 def autocast_ctx(device_type: str, precision: str, enabled: bool = True):
@@ -63,17 +66,23 @@ def train_step(
     n = len(micro_batches)
     params = [p for g in optimizer.param_groups for p in g["params"]]
     total = torch.zeros((), device=micro_batches[0]["state"].device)
+    part_sums: dict[str, torch.Tensor] = {}
     for i, mb in enumerate(micro_batches):
         kw = loss_kwargs[i] if loss_kwargs else {}
         with no_grad_sync(model, skip=i < n - 1), autocast_ctx(device_type, precision, autocast):
-            loss = model(mb, **kw)["loss"] / n
+            out = model(mb, **kw)
+            loss = out["loss"] / n
         (scaler.scale(loss) if scaler is not None else loss).backward()
         total += loss.detach().float()
+        for k, v in out.items():
+            if k.endswith("_loss"):
+                part_sums[k] = part_sums.get(k, 0.0) + v.detach().float() / n
     mean_loss = all_reduce_mean(total)
-    loss_val = float(mean_loss)
+    loss_val = float(mean_loss)  # the step's one host sync; the parts below ride on it
+    parts = {k: float(v) for k, v in part_sums.items()}
     if not torch.isfinite(mean_loss):
         optimizer.zero_grad(set_to_none=True)
-        return StepResult(loss_val, float("nan"), ok=False)
+        return StepResult(loss_val, float("nan"), ok=False, parts=parts)
     if scaler is not None:
         scaler.unscale_(optimizer)
     norm = float(grad_norm_(params, grad_clip))
@@ -83,10 +92,10 @@ def train_step(
         scaler.update()
         skipped = scaler.get_scale() < scale_before
         optimizer.zero_grad(set_to_none=True)
-        return StepResult(loss_val, norm, ok=not skipped, scaled_skip=skipped)
+        return StepResult(loss_val, norm, ok=not skipped, scaled_skip=skipped, parts=parts)
     if not (norm == norm and abs(norm) != float("inf")):
         optimizer.zero_grad(set_to_none=True)
-        return StepResult(loss_val, norm, ok=False)
+        return StepResult(loss_val, norm, ok=False, parts=parts)
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
-    return StepResult(loss_val, norm, ok=True)
+    return StepResult(loss_val, norm, ok=True, parts=parts)

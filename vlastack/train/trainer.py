@@ -374,6 +374,8 @@ class Trainer:
                 acc["loss"] += res.loss
                 acc["grad_norm"] += res.grad_norm
                 acc["n"] += 1
+                for k, v in res.parts.items():
+                    acc[k] = acc.get(k, 0.0) + v
             if self.step % t.log_every == 0 or self.step == t.steps:
                 n = max(1, acc["n"])
                 m = {
@@ -385,6 +387,7 @@ class Trainer:
                     "peak_mem_mb": peak_memory_mb(self.device),
                     "bad_steps": self.bad_total,
                 }
+                m.update({k: v / n for k, v in acc.items() if k.endswith("_loss") and acc["n"]})
                 if self.scaler is not None:
                     m["loss_scale"] = self.scaler.get_scale()
                 self.logger.log(self.step, m)
