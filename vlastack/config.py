@@ -253,6 +253,11 @@ class ModelConfig:
         return len(self.camera_names)
 
     @property
+    def grounding_layer(self) -> int:
+        """``grounding.layer`` as an index in [0, vlm.depth)."""
+        return self.grounding.layer % self.vlm.depth
+
+    @property
     def prefix_len(self) -> int:
         """Image tokens + text tokens (the bidirectional prefix block)."""
         return self.num_cameras * self.vision.num_patches + self.max_text_len

@@ -141,10 +141,10 @@ class JointDecoder(nn.Module):
         return (h @ self.embed_tokens.weight.t().to(h.dtype)).float()
 
     def new_cache(
-        self, batch_size: int, max_len: int, dtype: torch.dtype, device: torch.device, per_layer: bool = False
+        self, batch_size: int, max_len: int, dtype: torch.dtype, device: torch.device
     ) -> StaticKVCache:
         c = self.vlm_cfg
-        return StaticKVCache(c.depth, batch_size, c.kv_heads, max_len, c.head_dim, dtype, device, per_layer)
+        return StaticKVCache(c.depth, batch_size, c.kv_heads, max_len, c.head_dim, dtype, device)
 
     def forward(
         self,

@@ -77,9 +77,8 @@ class FlowHead(nn.Module):
         """The prefix outputs a forward needs: the grounding head's layer, if any."""
         if self.grounding is None:
             return {"vlm_output": False}
-        depth = self.cfg.vlm.depth
-        layer = self.cfg.grounding.layer % depth
-        return {"vlm_output": layer == depth - 1, "vlm_hidden_at": layer}
+        layer = self.cfg.grounding_layer
+        return {"vlm_output": layer == self.cfg.vlm.depth - 1, "vlm_hidden_at": layer}
 
     def condition_state(self, state: Tensor, hidden: Tensor | None, prefix_pad: Tensor) -> Tensor:
         """state [B, S] -> the state token's input [B, S + G]: the grounding prediction appended."""
@@ -161,7 +160,7 @@ class FlowHead(nn.Module):
         demo model, since prefix queries skip the suffix keys. The state token gets ``forced``
         [B, G], or per sample with probability 1 - ``teacher_forcing`` the head's own prediction.
         -> (v fp32 [B, H, A], prediction fp32 [B, G])."""
-        cache, positions, mask, hidden = self._prefill(vla, prefix, prefix_pad, per_layer=True)
+        cache, positions, mask, hidden = self._prefill(vla, prefix, prefix_pad)
         pred = self.grounding(hidden, prefix_pad)
         fed, tf = forced, self.cfg.grounding.teacher_forcing
         if tf < 1:
@@ -188,11 +187,11 @@ class FlowHead(nn.Module):
         return cache, positions, mask, self.condition_state(batch["state"], hidden, prefix_pad)
 
     def _prefill(
-        self, vla: VLA, prefix: Tensor, prefix_pad: Tensor, per_layer: bool = False
+        self, vla: VLA, prefix: Tensor, prefix_pad: Tensor
     ) -> tuple[StaticKVCache, Tensor, Tensor, Tensor | None]:
         """-> (cache, step positions, step mask, VLM hidden for the grounding head or None)."""
         b, p = prefix_pad.shape
-        cache = vla.decoder.new_cache(b, p + self.suffix_len, prefix.dtype, prefix.device, per_layer)
+        cache = vla.decoder.new_cache(b, p + self.suffix_len, prefix.dtype, prefix.device)
         positions = prefix_pad.long().cumsum(-1) - 1
         mask = block_causal_mask(prefix_pad, prefix_pad.new_zeros(p))
         outs = vla.decoder(
@@ -206,7 +205,7 @@ class FlowHead(nn.Module):
         )
         n_valid = prefix_pad.long().sum(-1, keepdim=True)  # [B, 1]
         step_positions = n_valid + torch.arange(self.suffix_len, device=prefix.device)[None]
-        return cache, step_positions, self.step_mask(prefix_pad), outs[2] if len(outs) > 2 else None
+        return cache, step_positions, self.step_mask(prefix_pad), outs[2] if self.grounding else None
 
     def denoise_step(
         self,

@@ -44,7 +44,7 @@ class VLA(nn.Module):
             # Kept for PaliGemma import/export, but no flow loss can reach them; frozen so DDP does
             # not wait for their gradients and optimizers do not carry state for them.
             unused = self.decoder.unused_by_flow_head()
-            if cfg.grounding.points and cfg.grounding.layer % cfg.vlm.depth == cfg.vlm.depth - 1:
+            if cfg.grounding.points and cfg.grounding_layer == cfg.vlm.depth - 1:
                 unused = ["norm.weight"]  # the grounding head reads the last layer's (pre-norm) output
             for name in unused:
                 self.decoder.get_parameter(name).requires_grad_(False)

@@ -12,7 +12,12 @@ from torch import Tensor
 
 
 class StaticKVCache:
-    """k, v: [layers, B, kv_heads, max_len, head_dim] (or per-layer lists of [B, kv_heads, max_len, head_dim])."""
+    """k, v: one [B, kv_heads, max_len, head_dim] buffer per layer.
+
+    Separate tensors, not views of one [layers, ...] tensor: a view shares its base's version
+    counter, so writing layer i would invalidate layer j's buffer that autograd saved when training
+    runs through the cache (the grounded flow loss does).
+    """
 
     def __init__(
         self,
@@ -23,18 +28,11 @@ class StaticKVCache:
         head_dim: int,
         dtype: torch.dtype,
         device: torch.device | str,
-        per_layer: bool = False,
     ) -> None:
-        shape = (num_layers, batch_size, kv_heads, max_len, head_dim)
+        shape = (batch_size, kv_heads, max_len, head_dim)
         self.max_len = max_len
-        if per_layer:
-            # One tensor per layer instead of views of one: writing layer i must not bump the
-            # version of layer j's buffer that autograd saved (training through the cache).
-            self.k = [torch.zeros(shape[1:], dtype=dtype, device=device) for _ in range(num_layers)]
-            self.v = [torch.zeros(shape[1:], dtype=dtype, device=device) for _ in range(num_layers)]
-            return
-        self.k = torch.zeros(shape, dtype=dtype, device=device)
-        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
 
     def update(self, layer: int, k: Tensor, v: Tensor, pos: int | Tensor) -> tuple[Tensor, Tensor]:
         """Write k/v [B, kv_heads, T, D] at ``pos`` (int start, or LongTensor [T] of slots).

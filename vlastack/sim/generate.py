@@ -32,7 +32,6 @@ EVAL_SEED_START = 1_000_000  # EvalConfig.seed: generation seeds must stay below
 STATE_NAMES = ["ee_x", "ee_y", "ee_z", "gripper_opening", "holding"]
 ACTION_NAMES = ["dx", "dy", "dz", "grip"]
 ENV_STATE_NAMES = ["object_x", "object_y", "object_z", "goal_x", "goal_y", "goal_z"]
-ENV_STATE_KEY = "observation.environment_state"
 # name -> (pix_fmt, crf): "standard" is LeRobot's yuv420p; "lossless" keeps the exact rendered
 # colors, so training frames match what a policy sees from the simulator (see data/video.py).
 VIDEO_QUALITY = {"standard": ("yuv420p", None), "lossless": ("yuv444p", 0)}
@@ -106,6 +105,7 @@ def generate(
 ) -> dict[str, Any]:
     """Write ``episodes`` successful expert demos to a LeRobot v3 dataset at ``out``; returns a report."""
     from vlastack.data.lerobot import LeRobotWriter
+    from vlastack.data.samples import ENV_KEY
     from vlastack.sim.env import make_env, suite_tasks
 
     names = suite_tasks(suite, tuple(tasks))
@@ -136,7 +136,7 @@ def generate(
     if suite == "builtin":
         features["observation.state"]["names"] = STATE_NAMES
         features["action"]["names"] = ACTION_NAMES
-        features[ENV_STATE_KEY] = {
+        features[ENV_KEY] = {
             "dtype": "float32",
             "shape": [len(ENV_STATE_NAMES)],
             "names": ENV_STATE_NAMES,
@@ -173,7 +173,7 @@ def generate(
                 data = {f"observation.images.{c}": ep["images"][c] for c in cameras}
                 data.update({"observation.state": ep["state"], "action": ep["action"]})
                 if "privileged" in ep:
-                    data[ENV_STATE_KEY] = ep["privileged"]
+                    data[ENV_KEY] = ep["privileged"]
                 idx = writer.add_episode(data, task=ep["prompt"])
                 meta.append({"episode_index": idx, "task": ep["task"], "seed": ep["seed"],
                              "prompt": ep["prompt"], "length": ep["length"]})  # fmt: skip
