@@ -1,9 +1,9 @@
 """``sample_actions`` latency: p50/p90 over repeats after warm-up, batch 1.
 
     python bench/latency.py                     # tiny + small on CPU (and pi0 when CUDA is present)
-    python bench/latency.py --presets tiny --repeats 10 --no-compile
+    python bench/latency.py --presets tiny --repeats 10 --modes eager
 
-Rows: eager vs torch.compile, fp32 vs bf16 autocast. For pi0 on a GPU it also prints the roofline
+Rows: eager vs torch.compile (and, on CUDA, compile with CUDA graphs), fp32 vs bf16 autocast. For pi0 on a GPU it also prints the roofline
 floor: max(FLOPs / peak bf16 matmul rate, bytes moved / memory bandwidth).
 """
 
@@ -49,17 +49,52 @@ def sampler_bytes(model, cfg) -> int:
     return 2 * (total + cfg.num_denoise_steps * (n_expert + kv))
 
 
+MODES = ("eager", "compiled", "cudagraphs", "step", "step-cudagraphs")
+
+
+def sampler(model, mode: str, dtype: torch.dtype):
+    """``sample_actions`` under ``mode``: eager; ``compiled`` (the whole sampler, the Euler loop
+    unrolled); ``step`` (the prefix pass and one denoise step compiled apart: a graph 1/N the size,
+    so it compiles ~N times faster for N steps); ``*cudagraphs`` adds mode="reduce-overhead" (for
+    ``step-cudagraphs``, to the denoise step only). The denoise step writes the KV cache in place, which CUDA graphs allow only for a buffer of fixed
+    address: ``step-cudagraphs`` reuses one cache, marked static, across calls."""
+    head = model.head
+    for name in ("prefill", "denoise_step"):  # undo an earlier ``step`` mode's instance overrides
+        head.__dict__.pop(name, None)
+    torch._dynamo.reset()
+    kw = {"fullgraph": True, "dynamic": False}
+    if mode.endswith("cudagraphs"):
+        kw["mode"] = "reduce-overhead"
+    if mode == "eager":
+        return model.sample_actions
+    if not mode.startswith("step"):
+        return torch.compile(model.sample_actions, **kw)
+    if not hasattr(head, "denoise_step"):
+        raise ValueError(f"mode {mode!r} needs the flow head")
+    # The prefix pass runs once per call, so CUDA graphs buy it little; graphing it too would make
+    # its outputs (positions, mask, state) graph-owned and overwritten by the next replay.
+    head.prefill = torch.compile(head.prefill, fullgraph=True, dynamic=False)
+    head.denoise_step = torch.compile(head.denoise_step, **kw)
+    if mode == "step":
+        return model.sample_actions
+    device = next(model.parameters()).device
+    cache = head.new_cache(model, 1, dtype, device).mark_static()
+    return lambda batch: model.sample_actions(batch, cache=cache)
+
+
 def bench_preset(
-    name: str, device: str, dtypes: list[str], compile_modes: list[bool], repeats: int
+    name: str, device: str, dtypes: list[str], modes: list[str], repeats: int, on_row=None
 ) -> list[dict]:
+    """Rows for one preset; ``on_row(rows)`` after each (so a run cut short keeps its rows)."""
     cfg = PRESETS[name]().model
     torch.manual_seed(0)
     model = build_model(cfg, device=device).eval()
     batch = dummy_batch(cfg, 1, train=False, device=device)
     rows = []
-    for compiled in compile_modes:
-        fn = torch.compile(model.sample_actions, fullgraph=True) if compiled else model.sample_actions
+    for mode in modes:
+        compiled = mode != "eager"
         for dt in dtypes:
+            fn = sampler(model, mode, torch.bfloat16 if dt == "bf16" else torch.float32)
             ctx = (
                 torch.autocast(device_type=torch.device(device).type, dtype=torch.bfloat16)
                 if dt == "bf16"
@@ -75,7 +110,7 @@ def bench_preset(
                 {
                     "preset": name,
                     "device": device,
-                    "mode": "compiled" if compiled else "eager",
+                    "mode": mode,
                     "dtype": dt,
                     "p50_ms": round(percentile(times, 50), 2),
                     "p90_ms": round(percentile(times, 90), 2),
@@ -83,6 +118,8 @@ def bench_preset(
                 }
             )
             print_table(rows[-1:], list(rows[-1]))
+            if on_row:
+                on_row(rows)
     if device == "cuda" and name == "pi0":
         flops = sampler_flops(model, batch)
         nbytes = sampler_bytes(model, cfg)
@@ -102,7 +139,13 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--presets", nargs="*", default=None)
     ap.add_argument("--repeats", type=int, default=20)
-    ap.add_argument("--no-compile", action="store_true")
+    ap.add_argument("--modes", default="eager,compiled", help=f"CPU presets; any of {MODES}")
+    ap.add_argument(
+        "--cuda-modes",
+        default="eager,step,step-cudagraphs",
+        help="pi0 on CUDA; the unrolled `compiled` sampler took over 5 min to compile on an H100 host",
+    )
+    ap.add_argument("--dtypes", default="fp32,bf16")
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--name", default=None, help="results file name (default latency / latency_cuda)")
     args = ap.parse_args()
@@ -110,17 +153,26 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     cuda = torch.cuda.is_available()
     presets = args.presets or (["tiny", "small"] + (["pi0"] if cuda else []))
-    compile_modes = [False] if args.no_compile else [False, True]
     name_out = args.name or ("latency" if not cuda else "latency_cuda")
-    rows = []
+    dtypes = args.dtypes.split(",")
+    rows: list[dict] = []
+
+    def save(new_rows: list[dict]) -> None:
+        write_results(name_out, {"batch_size": 1, "rows": rows + new_rows})
+
     for name in presets:
         device = "cuda" if (cuda and name == "pi0") else "cpu"
-        rows += bench_preset(name, device, ["fp32", "bf16"], compile_modes, args.repeats)
+        modes = (args.cuda_modes if device == "cuda" else args.modes).split(",")
+        if bad := set(modes) - set(MODES):
+            raise SystemExit(f"unknown modes {sorted(bad)}; choose from {MODES}")
+        rows += bench_preset(name, device, dtypes, modes, args.repeats, on_row=save)
         if name == "tiny":  # discrete token heads: bins / FAST autoregressive, OFT parallel
             from bench.token_latency import token_rows
 
-            rows += token_rows(name, device, compile_modes, args.repeats)
-        write_results(name_out, {"batch_size": 1, "rows": rows})  # after each preset: partial runs keep rows
+            rows += token_rows(
+                name, device, [m == "compiled" for m in modes if m in ("eager", "compiled")], args.repeats
+            )
+        save([])
     print()
     print_table(rows, ["preset", "device", "head", "mode", "dtype", "p50_ms", "p90_ms"])
     path = write_results(name_out, {"batch_size": 1, "rows": rows})

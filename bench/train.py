@@ -1,6 +1,6 @@
 """Training throughput (samples/s) and peak memory: tiny and small on CPU; pi0 on a GPU.
 
-    .venv/bin/python bench/train.py [--steps 5] [--presets tiny,small]
+    .venv/bin/python bench/train.py [--steps 5] [--presets tiny,small] [--name train]
 
 Times full optimizer steps (forward, backward, clip, AdamW) of ``vlastack.train.step.train_step``
 on synthetic batches in the batch format (data loading is not included). On CUDA the pi0 preset
@@ -17,6 +17,7 @@ utilization) over a dense bf16 peak of 989 TFLOP/s (H100/H200 SXM). Writes bench
 from __future__ import annotations
 
 import argparse
+import gc
 import sys
 import time
 from pathlib import Path
@@ -88,20 +89,42 @@ def bench(preset: str, batch_size: int, device: str, steps: int, precision: str,
     return row
 
 
+def bench_fitting(
+    preset: str, batches: list[int], device: str, steps: int, precision: str, ckpt: bool
+) -> dict:
+    """The first batch size in ``batches`` that fits in device memory (largest first)."""
+    for b in batches:
+        try:
+            return bench(preset, b, device, steps, precision, ckpt)
+        except torch.OutOfMemoryError:
+            print(f"{preset} batch {b} act_ckpt={ckpt}: out of memory")
+        gc.collect()  # outside the handler, so the traceback's frames (and tensors) are gone
+        torch.cuda.empty_cache()
+    raise RuntimeError(f"{preset}: no batch size in {batches} fits")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=5)
-    ap.add_argument("--presets", default="tiny,small")
+    ap.add_argument("--presets", default="tiny,small", help="CPU rows; '' for none")
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--pi0-batch", type=int, default=8)
+    ap.add_argument("--pi0-batches", default="32,16,8,4,2,1", help="tried largest first")
+    ap.add_argument("--name", default="train", help="results file (bench/results/NAME.json)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     cpu_batch = {"tiny": 32, "small": 4, "pi0": 1}
-    rows = [bench(p, cpu_batch[p], "cpu", args.steps, "fp32", False) for p in args.presets.split(",")]
-    notes = "CPU rows: fp32, peak memory = process peak RSS (includes earlier rows)."
+    presets = [p for p in args.presets.split(",") if p]
+    rows = [bench(p, cpu_batch[p], "cpu", args.steps, "fp32", False) for p in presets]
+    notes = "CPU rows: fp32, peak memory = process peak RSS (includes earlier rows)." if rows else ""
     if torch.cuda.is_available():
+        batches = [int(b) for b in args.pi0_batches.split(",")]
         for ckpt in (False, True):
-            rows.append(bench("pi0", args.pi0_batch, "cuda", args.steps, "bf16", ckpt))
+            rows.append(bench_fitting("pi0", batches, "cuda", args.steps, "bf16", ckpt))
+            print_table(rows[-1:], list(rows[-1]))
+        notes += (
+            " pi0 rows: full fine-tuning (every parameter trained, fp32 master weights and AdamW"
+            " state), bf16 autocast, the largest batch of --pi0-batches that fits."
+        )
     else:
         notes += " pi0-on-GPU rows skipped: no CUDA device."
         print("no CUDA device: skipping the pi0 GPU rows")
@@ -119,7 +142,7 @@ def main() -> None:
     if any("MFU_%" in r for r in rows):
         cols += ["model_TFLOP_per_step", "MFU_%"]
     print_table(rows, cols)
-    print("wrote", write_results("train", {"rows": rows, "notes": notes}))
+    print("wrote", write_results(args.name, {"rows": rows, "notes": notes.strip()}))
 
 
 if __name__ == "__main__":

@@ -36,6 +36,20 @@ def test_cached_sampling_equals_uncached_reference(model, cfg):
     torch.testing.assert_close(cached, ref, atol=1e-5, rtol=1e-5)
 
 
+def test_reused_cache_equals_fresh_cache(model, cfg):
+    """A cache kept across calls (for CUDA graphs) holds nothing over from the previous batch."""
+    cache = model.head.new_cache(model, 2, torch.float32, "cpu")
+    for seed in (0, 1):
+        torch.manual_seed(seed)
+        batch = dummy_batch(cfg, 2, train=False)
+        noise = _noise(cfg, 2, seed=seed)
+        torch.testing.assert_close(
+            model.sample_actions(batch, noise=noise, cache=cache), model.sample_actions(batch, noise=noise)
+        )
+    with pytest.raises(ValueError, match="batch 2"):
+        model.sample_actions(dummy_batch(cfg, 3, train=False), cache=cache)
+
+
 def test_sampling_is_deterministic_given_noise(model, cfg):
     batch = dummy_batch(cfg, 2)
     noise = _noise(cfg, 2)

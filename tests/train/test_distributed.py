@@ -93,7 +93,7 @@ def test_fsdp2_bf16_on_gpu():
         opt = build_optimizer(m, cfg.train)
         batch, _ = global_batch(cfg)
         batch = {k: v.cuda() for k, v in batch.items()}
-        res = [train_step(m, opt, [batch], device_type="cuda", autocast=False) for _ in range(5)]
+        res = [train_step(m, opt, [batch], device_type="cuda", precision="bf16") for _ in range(5)]
         assert all(r.ok for r in res) and res[-1].loss < res[0].loss
     finally:
         torch.distributed.destroy_process_group()

@@ -177,21 +177,32 @@ class FlowHead(nn.Module):
         suffix = block_causal_mask(prefix_pad.new_ones(b, s), self.suffix_block_starts(prefix_pad.device))
         return torch.cat([prefix_pad[:, None, None, :].expand(b, 1, s, p), suffix], dim=-1)
 
-    def prefill(self, vla: VLA, batch: Batch) -> tuple[StaticKVCache, Tensor, Tensor, Tensor]:
-        """Run the prefix once into a fresh static cache.
+    def new_cache(self, vla: VLA, batch_size: int, dtype: torch.dtype, device) -> StaticKVCache:
+        """A cache that fits this model's prefix + suffix, to reuse across ``sample`` calls.
+        ``dtype``: the k/v dtype the decoder computes in (bf16 under bf16 autocast)."""
+        return vla.decoder.new_cache(batch_size, self.cfg.prefix_len + self.suffix_len, dtype, device)
 
-        -> (cache, step positions [B, 1+H], step mask, conditioned state [B, S(+G)]).
-        """
+    def prefill(
+        self, vla: VLA, batch: Batch, cache: StaticKVCache | None = None
+    ) -> tuple[StaticKVCache, Tensor, Tensor, Tensor]:
+        """Run the prefix once into ``cache`` (every slot is rewritten before it is read), or a
+        fresh one. -> (cache, step positions [B, 1+H], step mask, conditioned state [B, S(+G)])."""
         prefix, prefix_pad = vla.embed_prefix(batch)
-        cache, positions, mask, hidden = self._prefill(vla, prefix, prefix_pad)
+        cache, positions, mask, hidden = self._prefill(vla, prefix, prefix_pad, cache)
         return cache, positions, mask, self.condition_state(batch["state"], hidden, prefix_pad)
 
     def _prefill(
-        self, vla: VLA, prefix: Tensor, prefix_pad: Tensor
+        self, vla: VLA, prefix: Tensor, prefix_pad: Tensor, cache: StaticKVCache | None = None
     ) -> tuple[StaticKVCache, Tensor, Tensor, Tensor | None]:
         """-> (cache, step positions, step mask, VLM hidden for the grounding head or None)."""
         b, p = prefix_pad.shape
-        cache = vla.decoder.new_cache(b, p + self.suffix_len, prefix.dtype, prefix.device)
+        if cache is None:
+            cache = vla.decoder.new_cache(b, p + self.suffix_len, prefix.dtype, prefix.device)
+        elif cache.k[0].shape[0] != b or cache.max_len != p + self.suffix_len:
+            raise ValueError(
+                f"cache holds batch {cache.k[0].shape[0]} x {cache.max_len} slots; this call needs "
+                f"batch {b} x {p + self.suffix_len} (make it with FlowHead.new_cache)"
+            )
         positions = prefix_pad.long().cumsum(-1) - 1
         mask = block_causal_mask(prefix_pad, prefix_pad.new_zeros(p))
         outs = vla.decoder(
@@ -228,7 +239,12 @@ class FlowHead(nn.Module):
         return self.action_out_proj(out[:, 1:]).float()
 
     def sample(
-        self, vla: VLA, batch: Batch, noise: Tensor | None = None, num_steps: int | None = None
+        self,
+        vla: VLA,
+        batch: Batch,
+        noise: Tensor | None = None,
+        num_steps: int | None = None,
+        cache: StaticKVCache | None = None,
     ) -> Tensor:
         """Euler integration from t=1 (noise) to t=0. -> normalized actions fp32 [B, H, A].
 
@@ -240,7 +256,7 @@ class FlowHead(nn.Module):
         device = batch["state"].device
         x = torch.randn(b, c.action_horizon, c.action_dim, device=device) if noise is None else noise.float()
         x = x * c.noise_scale  # noise is standard normal; the config sets the temperature
-        cache, positions, mask, state = self.prefill(vla, batch)
+        cache, positions, mask, state = self.prefill(vla, batch, cache)
         dt = -1.0 / n
         for i in range(n):
             t = torch.full((b,), 1.0 + i * dt, device=device)

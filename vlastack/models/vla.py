@@ -97,10 +97,12 @@ class VLA(nn.Module):
 
     @torch.no_grad()
     def sample_actions(
-        self, batch: Batch, noise: Tensor | None = None, num_steps: int | None = None
+        self, batch: Batch, noise: Tensor | None = None, num_steps: int | None = None, cache=None
     ) -> Tensor:
-        """-> normalized action chunk fp32 [B, H, A]."""
-        return self.head.sample(self, batch, noise=noise, num_steps=num_steps)
+        """-> normalized action chunk fp32 [B, H, A]. ``cache``: a reusable ``StaticKVCache``
+        (flow head only; see ``FlowHead.new_cache``), else a fresh one per call."""
+        kw = {} if cache is None else {"cache": cache}
+        return self.head.sample(self, batch, noise=noise, num_steps=num_steps, **kw)
 
     def num_params(self, trainable_only: bool = False) -> int:
         return sum(p.numel() for p in self.parameters() if p.requires_grad or not trainable_only)

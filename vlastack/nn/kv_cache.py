@@ -34,6 +34,14 @@ class StaticKVCache:
         self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
         self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
 
+    def mark_static(self) -> StaticKVCache:
+        """Tell dynamo the buffers keep their addresses across calls, so a sampler compiled with
+        CUDA graphs (mode="reduce-overhead") may write them in place: cudagraph trees refuse to
+        capture in-place writes to ordinary inputs. Returns self."""
+        for t in (*self.k, *self.v):
+            torch._dynamo.mark_static_address(t)
+        return self
+
     def update(self, layer: int, k: Tensor, v: Tensor, pos: int | Tensor) -> tuple[Tensor, Tensor]:
         """Write k/v [B, kv_heads, T, D] at ``pos`` (int start, or LongTensor [T] of slots).
 

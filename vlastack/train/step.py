@@ -26,9 +26,9 @@ class StepResult:
     parts: dict[str, float] = field(default_factory=dict)
 
 
-def autocast_ctx(device_type: str, precision: str, enabled: bool = True):
+def autocast_ctx(device_type: str, precision: str):
     dt = DTYPES[precision]
-    if dt is None or not enabled:
+    if dt is None:
         return contextlib.nullcontext()
     return torch.autocast(device_type=device_type, dtype=dt)
 
@@ -54,14 +54,15 @@ def train_step(
     precision: str = "fp32",
     scaler: torch.amp.GradScaler | None = None,
     grad_clip: float = 1.0,
-    autocast: bool = True,
     loss_kwargs: list[dict] | None = None,
 ) -> StepResult:
     """Accumulate gradients over ``micro_batches`` and step ``optimizer`` once.
 
     Each micro-batch loss is divided by the number of micro-batches, so the update equals one
-    step on their union (for equal-weight losses). ``autocast=False`` when FSDP2's mixed-precision
-    policy already casts. A non-finite loss (on any rank) skips the update and reports ``ok=False``.
+    step on their union (for equal-weight losses). Autocast stays on under FSDP2's bf16
+    ``MixedPrecisionPolicy`` too: the model computes some inputs in fp32 on purpose (the flow
+    interpolation, the time embedding) and feeds them to linears whose params are then bf16;
+    autocast casts them (without it they raise a dtype mismatch). A non-finite loss (on any rank) skips the update and reports ``ok=False``.
     """
     n = len(micro_batches)
     params = [p for g in optimizer.param_groups for p in g["params"]]
@@ -69,7 +70,7 @@ def train_step(
     part_sums: dict[str, torch.Tensor] = {}
     for i, mb in enumerate(micro_batches):
         kw = loss_kwargs[i] if loss_kwargs else {}
-        with no_grad_sync(model, skip=i < n - 1), autocast_ctx(device_type, precision, autocast):
+        with no_grad_sync(model, skip=i < n - 1), autocast_ctx(device_type, precision):
             out = model(mb, **kw)
             loss = out["loss"] / n
         (scaler.scale(loss) if scaler is not None else loss).backward()

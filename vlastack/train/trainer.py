@@ -341,7 +341,6 @@ class Trainer:
                 precision=t.precision,
                 scaler=self.scaler,
                 grad_clip=t.grad_clip,
-                autocast=not self.fsdp,
             )
             lr = self.optimizer.param_groups[0]["lr"]
             with warnings.catch_warnings():  # a skipped (bad) step leaves optimizer.step uncalled
