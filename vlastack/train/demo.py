@@ -51,7 +51,7 @@ data:
   random_crop_scale: 1.0
 eval:
   episodes: 100
-  steps_per_chunk: 4
+  steps_per_chunk: 1
   videos: 4
 """
 )
