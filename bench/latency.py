@@ -3,8 +3,9 @@
     python bench/latency.py                     # tiny + small on CPU (and pi0 when CUDA is present)
     python bench/latency.py --presets tiny --repeats 10 --modes eager
 
-Rows: eager vs torch.compile (and, on CUDA, compile with CUDA graphs), fp32 vs bf16 autocast. For pi0 on a GPU it also prints the roofline
-floor: max(FLOPs / peak bf16 matmul rate, bytes moved / memory bandwidth).
+Rows: eager vs torch.compile (see ``sampler`` for the modes; on CUDA also CUDA graphs), fp32 vs
+bf16 autocast. For pi0 on a GPU it also prints the roofline floor: max(FLOPs / peak bf16 matmul
+rate, bytes moved / memory bandwidth).
 """
 
 from __future__ import annotations
@@ -56,8 +57,9 @@ def sampler(model, mode: str, dtype: torch.dtype):
     """``sample_actions`` under ``mode``: eager; ``compiled`` (the whole sampler, the Euler loop
     unrolled); ``step`` (the prefix pass and one denoise step compiled apart: a graph 1/N the size,
     so it compiles ~N times faster for N steps); ``*cudagraphs`` adds mode="reduce-overhead" (for
-    ``step-cudagraphs``, to the denoise step only). The denoise step writes the KV cache in place, which CUDA graphs allow only for a buffer of fixed
-    address: ``step-cudagraphs`` reuses one cache, marked static, across calls."""
+    ``step-cudagraphs``, to the denoise step only). The denoise step writes the KV cache in place,
+    which CUDA graphs allow only for a buffer of fixed address: ``step-cudagraphs`` reuses one
+    cache, marked static, across calls."""
     head = model.head
     for name in ("prefill", "denoise_step"):  # undo an earlier ``step`` mode's instance overrides
         head.__dict__.pop(name, None)

@@ -177,7 +177,9 @@ class FlowHead(nn.Module):
         suffix = block_causal_mask(prefix_pad.new_ones(b, s), self.suffix_block_starts(prefix_pad.device))
         return torch.cat([prefix_pad[:, None, None, :].expand(b, 1, s, p), suffix], dim=-1)
 
-    def new_cache(self, vla: VLA, batch_size: int, dtype: torch.dtype, device) -> StaticKVCache:
+    def new_cache(
+        self, vla: VLA, batch_size: int, dtype: torch.dtype, device: torch.device | str
+    ) -> StaticKVCache:
         """A cache that fits this model's prefix + suffix, to reuse across ``sample`` calls.
         ``dtype``: the k/v dtype the decoder computes in (bf16 under bf16 autocast)."""
         return vla.decoder.new_cache(batch_size, self.cfg.prefix_len + self.suffix_len, dtype, device)

@@ -24,6 +24,7 @@ from vlastack.config import ModelConfig, model_config_from_dict, to_dict
 from vlastack.models.gemma import JointDecoder
 from vlastack.models.pi0 import FlowHead
 from vlastack.models.siglip import SiglipEncoder, preprocess_images
+from vlastack.nn.kv_cache import StaticKVCache
 
 WEIGHTS_NAME = "model.safetensors"
 CONFIG_NAME = "config.json"
@@ -97,7 +98,11 @@ class VLA(nn.Module):
 
     @torch.no_grad()
     def sample_actions(
-        self, batch: Batch, noise: Tensor | None = None, num_steps: int | None = None, cache=None
+        self,
+        batch: Batch,
+        noise: Tensor | None = None,
+        num_steps: int | None = None,
+        cache: StaticKVCache | None = None,
     ) -> Tensor:
         """-> normalized action chunk fp32 [B, H, A]. ``cache``: a reusable ``StaticKVCache``
         (flow head only; see ``FlowHead.new_cache``), else a fresh one per call."""

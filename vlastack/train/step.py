@@ -62,7 +62,8 @@ def train_step(
     step on their union (for equal-weight losses). Autocast stays on under FSDP2's bf16
     ``MixedPrecisionPolicy`` too: the model computes some inputs in fp32 on purpose (the flow
     interpolation, the time embedding) and feeds them to linears whose params are then bf16;
-    autocast casts them (without it they raise a dtype mismatch). A non-finite loss (on any rank) skips the update and reports ``ok=False``.
+    autocast casts them (without it they raise a dtype mismatch). A non-finite loss (on any rank)
+    skips the update and reports ``ok=False``.
     """
     n = len(micro_batches)
     params = [p for g in optimizer.param_groups for p in g["params"]]
