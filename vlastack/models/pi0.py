@@ -269,9 +269,8 @@ class FlowHead(nn.Module):
         """Reference sampler that recomputes the whole sequence every step (for tests). -> [B, H, A]."""
         n = num_steps or self.cfg.num_denoise_steps
         prefix, prefix_pad = vla.embed_prefix(batch)
-        state = batch["state"]
-        if self.grounding is not None:
-            state = torch.cat([state, self.predict_grounding(vla, batch).to(state.dtype)], dim=-1)
+        hidden = self._prefill(vla, prefix, prefix_pad)[3] if self.grounding is not None else None
+        state = self.condition_state(batch["state"], hidden, prefix_pad)
         x, dt = noise.float() * self.cfg.noise_scale, -1.0 / n
         for i in range(n):
             t = torch.full((x.shape[0],), 1.0 + i * dt, device=x.device)
