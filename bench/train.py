@@ -1,8 +1,10 @@
 """Training throughput (samples/s) and peak memory: tiny and small on CPU; pi0 on a GPU.
 
-    .venv/bin/python bench/train.py [--steps 5] [--presets tiny,small] [--name train]
+    .venv/bin/python bench/train.py [--steps 5] [--presets tiny,small,demo] [--cpu-precisions fp32,bf16]
 
-Times full optimizer steps (forward, backward, clip, AdamW) of ``vlastack.train.step.train_step``
+``demo`` is the ``vla demo`` model and batch (tiny + the demo recipe: patch 8, two cameras, the
+grounding head). CPU rows run once per precision: bf16 autocast pays off on CPUs with bf16 matmul
+instructions (avx512_bf16, AMX) and can be slower elsewhere. Times full optimizer steps (forward, backward, clip, AdamW) of ``vlastack.train.step.train_step``
 on synthetic batches in the batch format (data loading is not included). On CUDA the pi0 preset
 runs in bf16 autocast with and without activation checkpointing, and MFU is computed from
 
@@ -52,9 +54,13 @@ def step_flops(model, cfg, batch_size: int) -> float:
 
 
 def bench(preset: str, batch_size: int, device: str, steps: int, precision: str, ckpt: bool) -> dict:
-    cfg = load_config(
-        preset, overrides=[f"train.precision={precision}", f"train.activation_checkpointing={ckpt}"]
-    )
+    overrides = [f"train.precision={precision}", f"train.activation_checkpointing={ckpt}"]
+    if preset == "demo":
+        from vlastack.train.demo import demo_config
+
+        cfg = demo_config("tiny", None, overrides)
+    else:
+        cfg = load_config(preset, overrides=overrides)
     torch.manual_seed(0)
     model = build_model(cfg.model, device=device)
     if ckpt:
@@ -106,16 +112,18 @@ def bench_fitting(
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=5)
-    ap.add_argument("--presets", default="tiny,small", help="CPU rows; '' for none")
+    ap.add_argument("--presets", default="tiny,small,demo", help="CPU rows; '' for none")
+    ap.add_argument("--cpu-precisions", default="fp32,bf16", help="CPU rows per preset")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--pi0-batches", default="32,16,8,4,2,1", help="tried largest first")
     ap.add_argument("--name", default="train", help="results file (bench/results/NAME.json)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    cpu_batch = {"tiny": 32, "small": 4, "pi0": 1}
+    cpu_batch = {"tiny": 32, "small": 4, "pi0": 1, "demo": 32}
     presets = [p for p in args.presets.split(",") if p]
-    rows = [bench(p, cpu_batch[p], "cpu", args.steps, "fp32", False) for p in presets]
-    notes = "CPU rows: fp32, peak memory = process peak RSS (includes earlier rows)." if rows else ""
+    precisions = [p for p in args.cpu_precisions.split(",") if p]
+    rows = [bench(p, cpu_batch[p], "cpu", args.steps, d, False) for p in presets for d in precisions]
+    notes = "CPU rows: peak memory = process peak RSS (includes earlier rows)." if rows else ""
     if torch.cuda.is_available():
         batches = [int(b) for b in args.pi0_batches.split(",")]
         for ckpt in (False, True):
