@@ -4,7 +4,9 @@
 
 ``demo`` is the ``vla demo`` model and batch (tiny + the demo recipe: patch 8, two cameras, the
 grounding head). CPU rows run once per precision: bf16 autocast pays off on CPUs with bf16 matmul
-instructions (avx512_bf16, AMX) and can be slower elsewhere. Times full optimizer steps (forward, backward, clip, AdamW) of ``vlastack.train.step.train_step``
+instructions (avx512_bf16, AMX) and can be slower elsewhere.
+
+Times full optimizer steps (forward, backward, clip, AdamW) of ``vlastack.train.step.train_step``
 on synthetic batches in the batch format (data loading is not included). On CUDA the pi0 preset
 runs in bf16 autocast with and without activation checkpointing, and MFU is computed from
 
