@@ -55,28 +55,21 @@ MODES = ("eager", "compiled", "cudagraphs", "step", "step-cudagraphs")
 
 def sampler(model, mode: str, dtype: torch.dtype):
     """``sample_actions`` under ``mode``: eager; ``compiled`` (the whole sampler, the Euler loop
-    unrolled); ``step`` (the prefix pass and one denoise step compiled apart: a graph 1/N the size,
-    so it compiles ~N times faster for N steps); ``*cudagraphs`` adds mode="reduce-overhead" (for
-    ``step-cudagraphs``, to the denoise step only). The denoise step writes the KV cache in place,
-    which CUDA graphs allow only for a buffer of fixed address: ``step-cudagraphs`` reuses one
-    cache, marked static, across calls."""
+    unrolled); ``step`` (``FlowHead.compile_decoding``: the prefix pass and one denoise step
+    compiled apart); ``*cudagraphs`` adds mode="reduce-overhead". ``step-cudagraphs`` reuses one
+    cache, marked static, across calls (the step writes it in place)."""
     head = model.head
     for name in ("prefill", "denoise_step"):  # undo an earlier ``step`` mode's instance overrides
         head.__dict__.pop(name, None)
     torch._dynamo.reset()
-    kw = {"fullgraph": True, "dynamic": False}
-    if mode.endswith("cudagraphs"):
-        kw["mode"] = "reduce-overhead"
+    kw = {"mode": "reduce-overhead"} if mode.endswith("cudagraphs") else {}
     if mode == "eager":
         return model.sample_actions
     if not mode.startswith("step"):
-        return torch.compile(model.sample_actions, **kw)
+        return torch.compile(model.sample_actions, fullgraph=True, dynamic=False, **kw)
     if not hasattr(head, "denoise_step"):
         raise ValueError(f"mode {mode!r} needs the flow head")
-    # The prefix pass runs once per call, so CUDA graphs buy it little; graphing it too would make
-    # its outputs (positions, mask, state) graph-owned and overwritten by the next replay.
-    head.prefill = torch.compile(head.prefill, fullgraph=True, dynamic=False)
-    head.denoise_step = torch.compile(head.denoise_step, **kw)
+    head.compile_decoding(**kw)
     if mode == "step":
         return model.sample_actions
     device = next(model.parameters()).device

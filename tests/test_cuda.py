@@ -81,8 +81,7 @@ def test_cuda_graph_step_sampler_with_static_cache(cfg):
     eager = [m.sample_actions(b, noise=noise) for b in batches]
     torch._dynamo.reset()
     head = m.head
-    head.prefill = torch.compile(head.prefill, fullgraph=True)  # graphed, its outputs would be overwritten
-    head.denoise_step = torch.compile(head.denoise_step, fullgraph=True, mode="reduce-overhead")
+    head.compile_decoding(mode="reduce-overhead")
     try:
         cache = head.new_cache(m, 2, torch.float32, "cuda").mark_static()
         for _ in range(3):  # record, then replay; alternating batches must not leak through the cache

@@ -220,3 +220,17 @@ def test_overfits_one_batch(cfg):
         opt.step()
         losses.append(loss.item())
     assert losses[-1] < 0.1 * losses[0], (losses[0], losses[-1])
+
+
+def test_compiled_decoding_equals_eager(cfg):
+    """``FlowHead.compile_decoding`` (prefix pass and denoise step compiled apart, as `bench/latency.py
+    --modes step` and the CUDA-graph sampler use it) gives the eager actions, on a second batch too."""
+    torch.manual_seed(0)
+    m = build_model(cfg).eval()  # its own model: compiling overrides the head's methods in place
+    batches = [dummy_batch(cfg, 2, train=False, seed=s) for s in (0, 1)]
+    noise = _noise(cfg, 2)
+    eager = [m.sample_actions(b, noise=noise) for b in batches]
+    torch._dynamo.reset()
+    m.head.compile_decoding()
+    for b, ref in zip(batches, eager, strict=True):
+        torch.testing.assert_close(m.sample_actions(b, noise=noise), ref, atol=1e-5, rtol=1e-5)
