@@ -16,6 +16,9 @@ A = ``model.action_dim``, S = ``model.state_dim``, L = ``model.max_text_len``.
 | action_dim_mask   | bool             | [B, A]           | True on real (unpadded) action dims (training) |
 | env_state         | float32          | [B, G]           | normalized grounding targets (training, only   |
 |                   |                  |                  | with ``model.grounding``; G = 3 x points)      |
+| env_uv            | float32          | [B, 2 x points]  | each point's (u, v) in the first camera, as    |
+|                   |                  |                  | fractions of the image (training, only with    |
+|                   |                  |                  | ``model.grounding.attend_weight`` > 0)         |
 
 Images of a camera that is absent are zeros with ``image_mask`` False; padded text positions have
 ``token_mask`` False. Models must give the same outputs whatever the values at masked positions.
@@ -46,6 +49,7 @@ def expected_shapes(cfg: ModelConfig, batch_size: int) -> dict[str, tuple[int, .
         "action_is_pad": (batch_size, cfg.action_horizon),
         "action_dim_mask": (batch_size, cfg.action_dim),
         "env_state": (batch_size, cfg.grounding.dim),
+        "env_uv": (batch_size, 2 * cfg.grounding.points),
     }
 
 
@@ -59,6 +63,7 @@ _DTYPES = {
     "action_is_pad": (torch.bool,),
     "action_dim_mask": (torch.bool,),
     "env_state": (torch.float32, torch.bfloat16, torch.float16),
+    "env_uv": (torch.float32,),
 }
 
 
@@ -68,7 +73,7 @@ def validate_batch(batch: Batch, cfg: ModelConfig, train: bool = False) -> int:
         raise TypeError(f"batch must be a dict of tensors, got {type(batch).__name__}")
     keys = OBS_KEYS + (TRAIN_KEYS if train else ())
     if train and cfg.grounding.points:
-        keys += ("env_state",)
+        keys += ("env_state",) + (("env_uv",) if cfg.grounding.attend_weight else ())
     missing = [k for k in keys if k not in batch]
     if missing:
         raise ValueError(f"batch is missing keys {missing}; expected {list(keys)}")
@@ -130,4 +135,6 @@ def dummy_batch(
         batch["action_dim_mask"] = dim_mask
         if cfg.grounding.points:
             batch["env_state"] = torch.randn(sh["env_state"], generator=g)
+            if cfg.grounding.attend_weight:
+                batch["env_uv"] = torch.rand(sh["env_uv"], generator=g)
     return to_device(batch, device, non_blocking=False)

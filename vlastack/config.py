@@ -165,7 +165,7 @@ class GroundingConfig:
     positions per frame (the dataset feature ``observation.environment_state``, normalized) from
     the images. Its prediction enters the action expert beside the state. Training feeds the
     recorded positions plus N(0, ``noise``^2) instead (teacher forcing) and adds ``weight`` x the
-    head's MSE to the loss.
+    head's MSE to the loss, and ``attend_weight`` x a loss on where its attention looks.
     """
 
     points: int = 0
@@ -178,12 +178,22 @@ class GroundingConfig:
     # Per-sample probability of feeding the recorded positions in training; otherwise the head's
     # own prediction, as at inference (0.5 measured 28% against 61% for 1.0 in the demo).
     teacher_forcing: float = 1.0
+    # Weight of a loss on the head's attention: where the first camera images each point
+    # (observation.environment_uv.<camera>). It binds the instruction to the named object's
+    # patches from the start instead of after a seed-dependent wait (see models/grounding.py).
+    attend_weight: float = 0.0
 
     def __post_init__(self) -> None:
         _check(self.points >= 0, "points", f"must be >= 0 (0 = off), got {self.points}")
         _positive(self, "key_dim")
         _check(self.noise >= 0, "noise", f"must be >= 0, got {self.noise}")
         _check(self.weight >= 0, "weight", f"must be >= 0, got {self.weight}")
+        _check(self.attend_weight >= 0, "attend_weight", f"must be >= 0, got {self.attend_weight}")
+        _check(
+            self.points > 0 or not self.attend_weight,
+            "attend_weight",
+            "supervises the grounding head's attention: needs grounding.points > 0",
+        )
         _check(
             0 <= self.teacher_forcing <= 1,
             "teacher_forcing",

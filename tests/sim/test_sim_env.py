@@ -80,6 +80,28 @@ def test_scene_camera_shows_target_color(envs):
         assert close.sum() >= 12, (s, color, close.sum())  # a 5 cm block is about 8x8 px at 64x64
 
 
+def test_projection_lands_on_the_named_block(envs):
+    """``privileged_uv`` (SimCore.project) puts the named block where the scene camera shows it:
+    within 2 px of the centroid of its color's pixels (the centre projects a little off the
+    visible faces' centroid, and the gripper may hide part of the block)."""
+    env = envs["pick_place"]
+    for s in range(8):
+        obs, _ = env.reset(seed=s)
+        color = next(c for c in COLORS if c in obs["prompt"])
+        img = obs["images"]["scene"].astype(np.float32) / 255.0
+        chroma = img / (img.sum(-1, keepdims=True) + 1e-6)
+        target = np.array(COLORS[color])
+        rows, cols = np.nonzero(np.linalg.norm(chroma - target / target.sum(), axis=-1) < 0.12)
+        centroid = np.array([cols.mean(), rows.mean()]) + 0.5  # pixel centres, in pixels
+        uv = env.privileged_uv()["scene"]
+        assert uv.shape == (4,) and uv.dtype == np.float32
+        assert np.linalg.norm(uv[:2] * 64 - centroid) < 2.0, (s, uv[:2] * 64, centroid)
+    far = env.core.project(np.array([[0.0, -0.5, 0.4]]), "scene")  # behind the scene camera
+    np.testing.assert_array_equal(far, [[-1.0, -1.0]])
+    with pytest.raises(ValueError, match="unknown camera"):
+        env.core.project(np.zeros((1, 3)), "top")
+
+
 def test_grasp_lift_and_release(envs):
     env = envs["pick_place"]
     env.reset(seed=0)

@@ -99,3 +99,22 @@ def test_generate_records_environment_state_for_grounding(tmp_path):
     np.testing.assert_allclose(s["env_state"].numpy(), (ds[3][ENV_KEY] - mean) / (std + 1e-8), atol=1e-4)
     with pytest.raises(ValueError, match="needs \\[9\\]"):
         VLADataset(load_config("tiny", overrides=["model.grounding.points=3"]), out)
+    # ... and where each camera sees those points, as recorded, for the head's attention loss.
+    from vlastack.data.samples import ENV_UV_KEY
+
+    for cam in ("scene", "wrist"):
+        assert ds.features[f"{ENV_UV_KEY}.{cam}"]["shape"] == [4]
+    env = make_env("reach", image_size=32)
+    env.reset(seed=7)
+    np.testing.assert_allclose(ds[0][f"{ENV_UV_KEY}.scene"], env.privileged_uv()["scene"], atol=1e-6)
+    assert "env_uv" not in s
+    over = [
+        "model.camera_names=[wrist,scene]",
+        "model.grounding.points=2",
+        "model.grounding.attend_weight=0.1",
+    ]
+    s = VLADataset(load_config("tiny", overrides=over), out)[3]
+    np.testing.assert_allclose(s["env_uv"].numpy(), ds[3][f"{ENV_UV_KEY}.wrist"])  # the first camera's
+    over[0] = "model.camera_names=[top,scene]"  # no uv recorded for a camera the data lacks
+    with pytest.raises(ValueError, match=r"environment_uv\.top"):
+        VLADataset(load_config("tiny", overrides=over), out)

@@ -55,11 +55,13 @@ def test_vla_train_with_grounding(sim_data, tmp_path, capsys):
     from vlastack.sim.env import make_env
 
     run = tmp_path / "run"
-    ov = [*OV, "train.eval_every=0", "model.grounding.points=2", "model.grounding.teacher_forcing=0.5"]
+    ov = [*OV, "train.eval_every=0", "model.grounding.points=2", "model.grounding.teacher_forcing=0.5",
+          "model.grounding.attend_weight=0.1"]  # fmt: skip
     assert main(["train", "--data", str(sim_data), "--out", str(run), *ov, "train.steps=2"]) == 0
-    assert "(flow " in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "(attend " in out and ", flow " in out and ", grounding " in out  # the loss terms, sorted
     rec = [json.loads(ln) for ln in (run / "metrics.jsonl").read_text().splitlines()][-1]
-    assert np.isfinite(rec["train/grounding_loss"]) and np.isfinite(rec["train/flow_loss"])
+    assert all(np.isfinite(rec[f"train/{k}_loss"]) for k in ("grounding", "flow", "attend"))
     obs, _ = make_env("reach", image_size=64).reset(seed=1_000_000)
     assert np.isfinite(Policy.from_pretrained(run / "final").infer(obs)["actions"]).all()
 

@@ -9,7 +9,9 @@ not have is zeros with ``image_mask`` False. State/action are normalized with th
 ``meta/stats.json`` (modes from ``cfg.data.norm``) and zero-padded to ``model.state_dim`` /
 ``model.action_dim``. ``ds.normalizer`` is what the trainer saves as ``norm_stats.json``.
 With ``model.grounding`` on, samples also carry ``env_state`` [3 x points]: the dataset's
-``observation.environment_state`` (privileged object positions), normalized.
+``observation.environment_state`` (privileged object positions), normalized; and with its
+``attend_weight`` > 0, ``env_uv`` [2 x points]: ``observation.environment_uv.<first camera>``
+(where that camera images them, fractions of the image), as recorded.
 
 ``StreamingDataset`` shards the epoch into contiguous blocks per (rank, worker) after a seeded
 episode shuffle, so every sample is seen exactly once per epoch across all ranks and workers;
@@ -34,6 +36,7 @@ from vlastack.data.transforms import augment as augment_images
 from vlastack.models.tokenizer import load_tokenizer
 
 STATE_KEY, ACTION_KEY, ENV_KEY = "observation.state", "action", "observation.environment_state"
+ENV_UV_KEY = "observation.environment_uv"  # + ".<camera>": where that camera images ENV_KEY's points
 
 
 def normalizer_from_stats(stats: dict, cfg: Config) -> Normalizer:
@@ -87,6 +90,15 @@ class VLADataset(Dataset):
                 raise ValueError(
                     f"{root}: {ENV_KEY} has shape {ft['shape']}, model.grounding.points={m.grounding.points} "
                     f"needs [{m.grounding.dim}]"
+                )
+            self.uv_key = f"{ENV_UV_KEY}.{m.camera_names[0]}"
+            ft = self.ds.features.get(self.uv_key)
+            if m.grounding.attend_weight and (ft is None or tuple(ft["shape"]) != (2 * m.grounding.points,)):
+                raise ValueError(
+                    f"{root}: model.grounding.attend_weight needs the {self.uv_key!r} feature of shape "
+                    f"[{2 * m.grounding.points}] (where the first camera sees each point; written by "
+                    f"`vla data generate` for the builtin suite), found {ft and ft['shape']}; "
+                    "regenerate the data or set model.grounding.attend_weight=0"
                 )
         self.cam_keys = [f"observation.images.{c}" for c in m.camera_names]
         self.present = [k in self.ds.camera_keys for k in self.cam_keys]
@@ -145,6 +157,8 @@ class VLADataset(Dataset):
         if m.grounding.points:
             env = self.normalizer.normalize(ENV_KEY, item[ENV_KEY].astype(np.float32))
             out["env_state"] = torch.from_numpy(np.asarray(env, dtype=np.float32))
+            if m.grounding.attend_weight:
+                out["env_uv"] = torch.from_numpy(np.asarray(item[self.uv_key], dtype=np.float32))
         if self.return_index:
             out["index"] = torch.tensor(i, dtype=torch.int64)
         return out

@@ -7,7 +7,8 @@ Sampling runs the prefix once into a static KV cache, then N Euler steps over th
 
 With ``model.grounding`` on, the state token's input is [state | grounding] where grounding is
 ``GroundingHead``'s prediction from the prefix (sampling) or the recorded positions plus noise
-(training; the head's regression loss is added). See models/grounding.py.
+(training; the head's regression loss is added, and with ``attend_weight`` a loss on where it
+looks). See models/grounding.py.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from torch import Tensor, nn
 
 from vlastack.batch import Batch
 from vlastack.config import ModelConfig
-from vlastack.models.grounding import GroundingHead
+from vlastack.models.grounding import GroundingHead, attention_loss
 from vlastack.nn.attention import block_causal_mask
 from vlastack.nn.kv_cache import StaticKVCache
 
@@ -134,7 +135,7 @@ class FlowHead(nn.Module):
         else:
             target = batch["env_state"].float()
             forced = target + g.noise * torch.randn_like(target)  # teacher forcing: recorded + noise
-            v, pred = self._velocity_grounded(vla, prefix, prefix_pad, state, forced, x_t, t)
+            v, pred, look = self._velocity_grounded(vla, prefix, prefix_pad, state, forced, x_t, t)
         weight = (~batch["action_is_pad"])[:, :, None] & batch["action_dim_mask"][:, None, :]
         weight = weight.float()
         se = (v - u).pow(2) * weight
@@ -143,6 +144,10 @@ class FlowHead(nn.Module):
         if self.grounding is not None:
             ground = (pred - target).pow(2).mean()
             out.update(flow_loss=loss, grounding_loss=ground, loss=loss + g.weight * ground)
+            if g.attend_weight:
+                grid = self.cfg.vision.image_size // self.cfg.vision.patch_size
+                attend = attention_loss(look, batch["env_uv"], grid)
+                out.update(attend_loss=attend, loss=out["loss"] + g.attend_weight * attend)
         return out
 
     def _velocity_grounded(
@@ -159,14 +164,14 @@ class FlowHead(nn.Module):
         suffix against it, as in sampling. The same math as the joint pass, and 8% faster on the
         demo model, since prefix queries skip the suffix keys. The state token gets ``forced``
         [B, G], or per sample with probability 1 - ``teacher_forcing`` the head's own prediction.
-        -> (v fp32 [B, H, A], prediction fp32 [B, G])."""
+        -> (v fp32 [B, H, A], prediction fp32 [B, G], the head's attention fp32 [B, K, image tokens])."""
         cache, positions, mask, hidden = self._prefill(vla, prefix, prefix_pad)
-        pred = self.grounding(hidden, prefix_pad)
+        pred, look = self.grounding.attend(hidden, prefix_pad)
         fed, tf = forced, self.cfg.grounding.teacher_forcing
         if tf < 1:
             fed = torch.where(torch.rand(pred.shape[0], 1, device=pred.device) < tf, forced, pred)
         state = torch.cat([state, fed.to(state.dtype)], dim=-1)
-        return self.denoise_step(vla, cache, state, x_t, t, positions, mask), pred
+        return self.denoise_step(vla, cache, state, x_t, t, positions, mask), pred, look
 
     # ------------------------------------------------------------------ sampling
 

@@ -105,6 +105,12 @@ class BuiltinEnv(gym.Env):
         """The task's two key points (object, goal) as float32 [6] (privileged, for oracle checks)."""
         return np.concatenate(self.task.key_positions()).astype(np.float32)
 
+    def privileged_uv(self) -> dict[str, np.ndarray]:
+        """Where each camera images the two key points: {camera: float32 [4]} = (object u, v, goal
+        u, v), fractions of the image (``SimCore.project``; privileged, for grounding supervision)."""
+        pts = np.stack(self.task.key_positions())
+        return {c: self.core.project(pts, c).reshape(-1) for c in self.core.cameras}
+
     def render(self) -> np.ndarray:
         return self.core.render()[self.core.cameras[0]]
 

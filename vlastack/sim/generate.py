@@ -13,8 +13,9 @@ LeRobot task string; ``meta/vlastack_sim.json`` keeps suite, family, seed and pr
 
 The builtin suite also records ``observation.environment_state``: the task's two key points (the
 object the instruction names and its goal, metres; ``env.privileged_state()``) per frame, as
-LeRobot does for privileged simulator state. ``model.grounding`` trains on it; policies never
-receive it.
+LeRobot does for privileged simulator state, and ``observation.environment_uv.<camera>``: where
+each camera images those two points (fractions of the image, ``SimCore.project``). ``model.grounding``
+trains on them; policies never receive them.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ EVAL_SEED_START = 1_000_000  # EvalConfig.seed: generation seeds must stay below
 STATE_NAMES = ["ee_x", "ee_y", "ee_z", "gripper_opening", "holding"]
 ACTION_NAMES = ["dx", "dy", "dz", "grip"]
 ENV_STATE_NAMES = ["object_x", "object_y", "object_z", "goal_x", "goal_y", "goal_z"]
+ENV_UV_NAMES = ["object_u", "object_v", "goal_u", "goal_v"]
 # name -> (pix_fmt, crf): "standard" is LeRobot's yuv420p; "lossless" keeps the exact rendered
 # colors, so training frames match what a policy sees from the simulator (see data/video.py).
 VIDEO_QUALITY = {"standard": ("yuv420p", None), "lossless": ("yuv444p", 0)}
@@ -41,12 +43,14 @@ _ENVS: dict[tuple, Any] = {}  # (task, env kwargs) -> env, reused across jobs in
 def rollout_expert(env, seed: int, noise: float = 0.0, privileged: bool = False) -> dict[str, Any]:
     """One expert episode -> {success, prompt, length, images {cam: uint8 [T,H,W,3]}, state, action}.
 
-    ``privileged``: also record ``env.privileged_state()`` per step as ``"privileged"`` float32 [T, 6].
+    ``privileged``: also record ``env.privileged_state()`` per step as ``"privileged"`` float32 [T, 6]
+    and ``env.privileged_uv()`` as ``"privileged_uv"`` {cam: float32 [T, 4]}.
     """
     obs, _ = env.reset(seed=seed)
     rng = np.random.default_rng([seed, 7])
     imgs: dict[str, list] = {c: [] for c in obs["images"]}
     states, actions, keys, ok = [], [], [], False
+    uvs: dict[str, list] = {c: [] for c in obs["images"]}
     for _ in range(env.max_steps):
         a = np.asarray(env.expert_action(), np.float32)
         for c, im in obs["images"].items():
@@ -54,6 +58,8 @@ def rollout_expert(env, seed: int, noise: float = 0.0, privileged: bool = False)
         states.append(obs["state"])
         if privileged:
             keys.append(env.privileged_state())
+            for c, uv in env.privileged_uv().items():
+                uvs[c].append(uv)
         actions.append(a)
         act = a.copy()
         if noise > 0:
@@ -72,6 +78,7 @@ def rollout_expert(env, seed: int, noise: float = 0.0, privileged: bool = False)
     }
     if privileged:
         ep["privileged"] = np.stack(keys)
+        ep["privileged_uv"] = {c: np.stack(v) for c, v in uvs.items()}
     return ep
 
 
@@ -85,7 +92,7 @@ def _job(task: str, seed: int, env_kw: dict, noise: float) -> dict[str, Any]:
     ep = rollout_expert(_ENVS[key], seed, noise, privileged=env_kw.get("suite") == "builtin")
     ep.update(task=task, seed=seed)
     if not ep["success"]:  # don't ship frames we will not write
-        for k in ("images", "state", "action", "privileged"):
+        for k in ("images", "state", "action", "privileged", "privileged_uv"):
             ep.pop(k, None)
     return ep
 
@@ -105,7 +112,7 @@ def generate(
 ) -> dict[str, Any]:
     """Write ``episodes`` successful expert demos to a LeRobot v3 dataset at ``out``; returns a report."""
     from vlastack.data.lerobot import LeRobotWriter
-    from vlastack.data.samples import ENV_KEY
+    from vlastack.data.samples import ENV_KEY, ENV_UV_KEY
     from vlastack.sim.env import make_env, suite_tasks
 
     names = suite_tasks(suite, tuple(tasks))
@@ -141,6 +148,8 @@ def generate(
             "shape": [len(ENV_STATE_NAMES)],
             "names": ENV_STATE_NAMES,
         }
+        for c in cameras:
+            features[f"{ENV_UV_KEY}.{c}"] = {"dtype": "float32", "shape": [4], "names": ENV_UV_NAMES}
     writer = LeRobotWriter(
         out,
         fps=fps,
@@ -174,6 +183,7 @@ def generate(
                 data.update({"observation.state": ep["state"], "action": ep["action"]})
                 if "privileged" in ep:
                     data[ENV_KEY] = ep["privileged"]
+                    data.update({f"{ENV_UV_KEY}.{c}": v for c, v in ep["privileged_uv"].items()})
                 idx = writer.add_episode(data, task=ep["prompt"])
                 meta.append({"episode_index": idx, "task": ep["task"], "seed": ep["seed"],
                              "prompt": ep["prompt"], "length": ep["length"]})  # fmt: skip

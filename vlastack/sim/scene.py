@@ -197,6 +197,22 @@ class SimCore:
         a = self._qadr[name]
         return self.data.qpos[a : a + 3].copy()
 
+    def project(self, points: np.ndarray, camera: str) -> np.ndarray:
+        """World points [N, 3] (metres) -> where ``camera`` images them: float32 [N, 2] (u, v) as
+        fractions of the image width and height (u right, v down; the image is [0, 1]^2). A point
+        behind the camera gets (-1, -1). Pinhole model of MuJoCo's camera: it looks along its -z,
+        y up, with vertical field of view ``fovy`` (square images)."""
+        cid = mujoco.mj_name2id(self.model, mujoco.mjtObj.mjOBJ_CAMERA, camera)
+        if cid < 0:
+            raise ValueError(f"unknown camera {camera!r}; the built-in scene has 'scene' and 'wrist'")
+        rot = self.data.cam_xmat[cid].reshape(3, 3)  # columns: the camera's axes in world coordinates
+        local = (np.asarray(points, np.float64).reshape(-1, 3) - self.data.cam_xpos[cid]) @ rot
+        depth = -local[:, 2]
+        f = 0.5 / np.tan(np.radians(self.model.cam_fovy[cid]) / 2)
+        safe = np.where(depth > 1e-6, depth, 1.0)
+        uv = np.stack([0.5 + f * local[:, 0] / safe, 0.5 - f * local[:, 1] / safe], -1)
+        return np.where((depth > 1e-6)[:, None], uv, -1.0).astype(np.float32)
+
     def opening(self) -> float:
         """Finger opening in [0, 1] (1 = open)."""
         return float((self._finger_offset() - FINGER_CLOSED) / (FINGER_OPEN - FINGER_CLOSED))

@@ -34,8 +34,10 @@ model:
   grounding:
     points: 2
     weight: 2.0
+    attend_weight: 0.1
 train:
-  steps: 2900
+  steps: 3400
+  precision: bf16
   batch_size: 32
   lr: 1.0e-3
   warmup_steps: 100
@@ -100,6 +102,13 @@ def ablated(path: str, mode: str) -> AblatedPolicy:
     return AblatedPolicy(path, mode)
 
 
+def _native_cpu_bf16() -> bool:
+    import torch
+
+    check = getattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", None)
+    return bool(check()) if check is not None else False
+
+
 def _log(msg: str, t0: float) -> None:
     print(f"[demo {time.perf_counter() - t0:6.0f}s] {msg}", flush=True)
 
@@ -129,6 +138,10 @@ def run_demo(
             preset, config, [*(QUICK if quick else []), *overrides, f"eval.episodes={eval_episodes}"]
         )
     episodes = episodes or (40 if quick else DEMO_EPISODES)
+    if cfg.train.precision == "bf16" and not torch.cuda.is_available() and not _native_cpu_bf16():
+        _log("note: this CPU has no native bf16 (avx512_bf16/AMX), so the recipe's bf16 steps run "
+             "slower than fp32 here; `vla demo train.precision=fp32 train.steps=2900` is the fp32 "
+             "recipe (see README, Demo results)", t0)  # fmt: skip
     timings: dict[str, float] = {}
 
     _log(f"1/4 generating {episodes} expert demonstrations of the {cfg.eval.suite} suite", t0)
