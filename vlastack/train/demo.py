@@ -1,6 +1,6 @@
 """``vla demo``: demonstrations -> tiny policy -> closed-loop evaluation -> report folder.
 
-    vla demo [--out runs/demo] [overrides]     # ~14 minutes on 2 CPU cores
+    vla demo [--out runs/demo] [overrides]     # ~13 minutes on 2 CPU cores
 
 Steps: (1) the scripted expert writes a LeRobot v3 dataset of the built-in suite (seeds from 0);
 (2) the ``tiny`` preset with the recipe below trains on it; (3) the final policy is evaluated on
