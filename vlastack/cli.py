@@ -19,6 +19,7 @@ MODULES = (
     "vlastack.train.cli",
     "vlastack.infer.cli",
     "vlastack.diagnostics.cli",
+    "vlastack.labs.cli",
 )
 
 

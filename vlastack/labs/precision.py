@@ -1,0 +1,5 @@
+"""stub"""
+
+from vlastack.labs._core import Lab
+
+LAB = Lab("precision", "todo")
