@@ -140,7 +140,7 @@ def run_check(check: Check, ctx: Ctx) -> Result:
         with warnings.catch_warnings():  # checks that test a warning record it themselves
             warnings.simplefilter("ignore")
             f = check.fn(ctx)
-        res.status = {True: "ok", False: "FAIL", None: "report"}[f.ok]
+        res.status = "report" if f.ok is None else "ok" if bool(f.ok) else "FAIL"
         res.measured, res.note, res.verdict, res.data, res.rows = f.measured, f.note, f.verdict, f.data, f.rows
     except Skip as e:
         res.measured = f"skipped: {e}"
