@@ -61,6 +61,7 @@ def backward_hooks_locate_vanishing(ctx: Ctx) -> Finding:
     return Finding(
         f"grad-output norm block 0 / block 11: sigmoid stack {ns[0] / ns[-1]:.1e}, ReLU + residual {nr[0] / nr[-1]:.2f}",
         ok,
-        "True: a full backward hook per block shows where the gradient vanishes .",
+        "True: a full backward hook per block shows where the gradient vanishes: the sigmoid stack "
+        "loses about an order of magnitude per block (sigmoid' <= 1/4); residual connections keep it.",
         rows=rows,
     )
