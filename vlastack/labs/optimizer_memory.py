@@ -32,7 +32,7 @@ def _stepped(opt_cls, params: list[nn.Parameter], **kw) -> torch.optim.Optimizer
 
 @LAB.check("S4-10")
 def adamw_state_per_param(ctx: Ctx) -> Finding:
-    params = [nn.Parameter(torch.randn(1024, 1024)) for _ in range(2)]
+    params = [nn.Parameter(torch.randn(512, 512)) for _ in range(2)]
     n = sum(p.numel() for p in params)
     per = state_bytes(_stepped(torch.optim.AdamW, params)) / n
     rows = [
