@@ -141,7 +141,13 @@ def run_check(check: Check, ctx: Ctx) -> Result:
             warnings.simplefilter("ignore")
             f = check.fn(ctx)
         res.status = "report" if f.ok is None else "ok" if bool(f.ok) else "FAIL"
-        res.measured, res.note, res.verdict, res.data, res.rows = f.measured, f.note, f.verdict, f.data, f.rows
+        res.measured, res.note, res.verdict, res.data, res.rows = (
+            f.measured,
+            f.note,
+            f.verdict,
+            f.data,
+            f.rows,
+        )
     except Skip as e:
         res.measured = f"skipped: {e}"
     except Exception as e:  # a crash is a failed check, reported with its cause

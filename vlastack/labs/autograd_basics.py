@@ -41,7 +41,8 @@ def graph_is_built_while_running(ctx: Ctx) -> Finding:
     neg = _chain(branchy(-torch.ones(3, requires_grad=True)).grad_fn)
     ok = (
         text[0] == "AddBackward0"
-        and [t.strip() for t in text[1:]] == ["MulBackward0", "AccumulateGrad", "AccumulateGrad", "AccumulateGrad"]
+        and [t.strip() for t in text[1:]]
+        == ["MulBackward0", "AccumulateGrad", "AccumulateGrad", "AccumulateGrad"]
         and w.grad_fn is None
         and w.is_leaf
         and pos != neg

@@ -14,13 +14,16 @@ import sys
 import time
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from vlastack.labs._core import Ctx, Finding, Lab, Skip, compare
 
-LAB = Lab("compile", "torch.compile: fusion speedups vs matmul, compile time, graph breaks, recompiles, failures", slow=True)
+LAB = Lab(
+    "compile",
+    "torch.compile: fusion speedups vs matmul, compile time, graph breaks, recompiles, failures",
+    slow=True,
+)
 
 
 def _inductor(fn):
@@ -56,7 +59,9 @@ def matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 class TinyMLP(nn.Module):
     def __init__(self, d: int = 128, depth: int = 8) -> None:
         super().__init__()
-        self.blocks = nn.ModuleList(nn.Sequential(nn.LayerNorm(d), nn.Linear(d, d), nn.GELU()) for _ in range(depth))
+        self.blocks = nn.ModuleList(
+            nn.Sequential(nn.LayerNorm(d), nn.Linear(d, d), nn.GELU()) for _ in range(depth)
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         for b in self.blocks:
@@ -95,11 +100,24 @@ def where_compile_helps(ctx: Ctx) -> Finding:
                 cfn(*args)
         compile_s = time.perf_counter() - t0
         with torch.no_grad():
-            t = compare({"eager": lambda fn=fn, args=args: fn(*args), "compiled": lambda cfn=cfn, args=args: cfn(*args)},
-                        reps=ctx.n(7, 5), inner=ctx.n(3, 2) if "MLP" not in name else 50)
+            t = compare(
+                {
+                    "eager": lambda fn=fn, args=args: fn(*args),
+                    "compiled": lambda cfn=cfn, args=args: cfn(*args),
+                },
+                reps=ctx.n(7, 5),
+                inner=ctx.n(3, 2) if "MLP" not in name else 50,
+            )
         speed[name] = t["eager"] / t["compiled"]
-        rows.append({"work": name, "eager ms": t["eager"], "compiled ms": t["compiled"], "speedup": speed[name],
-                     "first call s (wall)": compile_s})
+        rows.append(
+            {
+                "work": name,
+                "eager ms": t["eager"],
+                "compiled ms": t["compiled"],
+                "speedup": speed[name],
+                "first call s (wall)": compile_s,
+            }
+        )
     with _CountOps() as counter:
         pointwise(x[:16])
     kernels = len(set(re.findall(r"cpp_fused_\w+", code)))
@@ -108,7 +126,8 @@ def where_compile_helps(ctx: Ctx) -> Finding:
     mm = speed[f"matmul {m}^3"]
     ok = pw >= 1.5 and 0.8 <= mm <= 1.25 and cpp
     return Finding(
-        "speedup (thread time, 1 thread): " + ", ".join(f"{k} {v:.2f}x" for k, v in speed.items())
+        "speedup (thread time, 1 thread): "
+        + ", ".join(f"{k} {v:.2f}x" for k, v in speed.items())
         + f"; eager pointwise = {len(counter.ops)} aten ops, compiled = {kernels} fused C++ kernel(s) "
         f"(generated C++/OpenMP, not Triton, on CPU: {cpp})",
         ok,

@@ -20,7 +20,9 @@ from torch.utils.data._utils.collate import default_collate
 
 from vlastack.labs._core import Ctx, Finding, Lab
 
-LAB = Lab("dataloader", "Dataset -> Sampler -> BatchSampler -> collate; workers; weighted/distributed sampling")
+LAB = Lab(
+    "dataloader", "Dataset -> Sampler -> BatchSampler -> collate; workers; weighted/distributed sampling"
+)
 
 
 class Numbers(Dataset):
@@ -94,7 +96,11 @@ def workers_build_whole_batches(ctx: Ctx) -> Finding:
     workers = [sorted(set(b["worker"].tolist())) for b in batches]
     order = [b["i"].tolist() for b in batches]
     main = next(iter(DataLoader(Numbers(4), batch_size=4, num_workers=0)))["worker"].tolist()
-    ok = workers == [[0], [1], [0], [1]] and order == [list(range(k, k + 4)) for k in (0, 4, 8, 12)] and main == [-1] * 4
+    ok = (
+        workers == [[0], [1], [0], [1]]
+        and order == [list(range(k, k + 4)) for k in (0, 4, 8, 12)]
+        and main == [-1] * 4
+    )
     return Finding(
         f"2 workers, batch 4: worker per batch {workers}, batches in order {order[0]}..{order[-1]}; "
         f"num_workers=0: get_worker_info() is None in __getitem__ ({main})",
@@ -143,7 +149,9 @@ def default_collate_handles_paths(ctx: Ctx) -> Finding:
 def distributed_sampler_pads(ctx: Ctx) -> Finding:
     ds = list(range(10))
     shards = [list(DistributedSampler(ds, num_replicas=3, rank=r, shuffle=False)) for r in range(3)]
-    dropped = [list(DistributedSampler(ds, num_replicas=3, rank=r, shuffle=False, drop_last=True)) for r in range(3)]
+    dropped = [
+        list(DistributedSampler(ds, num_replicas=3, rank=r, shuffle=False, drop_last=True)) for r in range(3)
+    ]
     total = sum(len(s) for s in shards)
     ok = shards == [[0, 3, 6, 9], [1, 4, 7, 0], [2, 5, 8, 1]] and sum(len(s) for s in dropped) == 9
     return Finding(
@@ -162,7 +170,11 @@ def pin_memory_without_accelerator(ctx: Ctx) -> Finding:
     msgs = [str(x.message) for x in w if "pin_memory" in str(x.message)]
     pinned = batch["i"].is_pinned() if torch.cuda.is_available() else False
     if torch.cuda.is_available():
-        return Finding(f"CUDA present: batch pinned {pinned}", pinned, "The pin-memory thread copied the batch into page-locked memory.")
+        return Finding(
+            f"CUDA present: batch pinned {pinned}",
+            pinned,
+            "The pin-memory thread copied the batch into page-locked memory.",
+        )
     return Finding(
         f"no accelerator: warning {msgs[0][:90] if msgs else 'none'!r}; batch pinned: {pinned}",
         bool(msgs) and not pinned,

@@ -14,7 +14,9 @@ from torch import nn
 
 from vlastack.labs._core import Ctx, Finding, Lab
 
-LAB = Lab("distributed", "DDP / FSDP2 on 2 gloo processes: replicas, gradients, buckets, per-rank bytes", slow=True)
+LAB = Lab(
+    "distributed", "DDP / FSDP2 on 2 gloo processes: replicas, gradients, buckets, per-rank bytes", slow=True
+)
 
 WORLD = 2
 
@@ -59,7 +61,9 @@ def _worker(rank: int, port: int, out: str, backend: str) -> None:
         grads = torch.cat([p.grad.flatten() for p in ddp.parameters()])
         ref = _model()
         nn.functional.mse_loss(ref(x), y).backward()  # one process, full batch
-        res["grad_diff_vs_single"] = (grads - torch.cat([p.grad.flatten() for p in ref.parameters()])).abs().max().item()
+        res["grad_diff_vs_single"] = (
+            (grads - torch.cat([p.grad.flatten() for p in ref.parameters()])).abs().max().item()
+        )
         torch.optim.SGD(ddp.parameters(), lr=0.1).step()
         flat = torch.cat([p.detach().flatten() for p in ddp.parameters()])
         gathered = [torch.empty_like(flat) for _ in range(WORLD)]
@@ -111,9 +115,14 @@ def ddp_and_fsdp_on_gloo(ctx: Ctx) -> Finding:
     share = r0["params_local"] / r0["params_full"]
     state_share = r0["adam_state_local"] / (2 * r0["params_full"])
     rows = [
-        {"rank": i, "all_reduce(rank+1)": r["all_reduce"], "DDP buckets": r["buckets"],
-         "grad diff vs 1 process": r["grad_diff_vs_single"], "FSDP2 params held": r["params_local"],
-         "AdamW state elems": r["adam_state_local"]}
+        {
+            "rank": i,
+            "all_reduce(rank+1)": r["all_reduce"],
+            "DDP buckets": r["buckets"],
+            "grad diff vs 1 process": r["grad_diff_vs_single"],
+            "FSDP2 params held": r["params_local"],
+            "AdamW state elems": r["adam_state_local"],
+        }
         for i, r in enumerate(ranks)
     ]
     ok = (
@@ -156,4 +165,6 @@ def data_parallel_on_cpu(ctx: Ctx) -> Finding:
 def nccl_all_reduce(ctx: Ctx) -> Finding:
     ranks = _run_ranks("nccl")
     ok = all(r["all_reduce"] == 3.0 for r in ranks)
-    return Finding(f"NCCL all_reduce on 2 GPUs: {[r['all_reduce'] for r in ranks]}", ok, "NCCL runs every collective.")
+    return Finding(
+        f"NCCL all_reduce on 2 GPUs: {[r['all_reduce'] for r in ranks]}", ok, "NCCL runs every collective."
+    )

@@ -52,9 +52,17 @@ def trace_script_export(ctx: Ctx) -> Finding:
         log.setLevel(level)
     rows = [
         {"method": "eager", "f(+1)": m(pos).item(), "f(-1)": m(neg).item()},
-        {"method": "torch.jit.trace (traced with +1)", "f(+1)": traced(pos).item(), "f(-1)": traced(neg).item()},
+        {
+            "method": "torch.jit.trace (traced with +1)",
+            "f(+1)": traced(pos).item(),
+            "f(-1)": traced(neg).item(),
+        },
         {"method": "torch.jit.script", "f(+1)": scripted(pos).item(), "f(-1)": scripted(neg).item()},
-        {"method": "torch.export + torch.cond", "f(+1)": exported.module()(pos).item(), "f(-1)": exported.module()(neg).item()},
+        {
+            "method": "torch.export + torch.cond",
+            "f(+1)": exported.module()(pos).item(),
+            "f(-1)": exported.module()(neg).item(),
+        },
     ]
     has_if = "prim::If" in str(scripted.graph)
     ok = (

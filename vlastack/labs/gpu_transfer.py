@@ -11,9 +11,11 @@ import time
 import torch
 from torch import nn
 
-from vlastack.labs._core import MiB, Ctx, Finding, Lab
+from vlastack.labs._core import Ctx, Finding, Lab, MiB
 
-LAB = Lab("gpu_transfer", "pinned vs pageable copies, non_blocking, overlap, syncs, CUDA graphs, allocator peaks")
+LAB = Lab(
+    "gpu_transfer", "pinned vs pageable copies, non_blocking, overlap, syncs, CUDA graphs, allocator peaks"
+)
 
 
 def _events_ms(fn, reps: int = 10) -> float:
@@ -143,7 +145,10 @@ def reduce_overhead_is_cuda_graphs(ctx: Ctx) -> Finding:
         for _ in range(3):
             default(x)
             graphs(x)
-        t = {k: _events_ms(lambda f=f: f(x), reps=50) for k, f in (("eager", model), ("default", default), ("reduce-overhead", graphs))}
+        t = {
+            k: _events_ms(lambda f=f: f(x), reps=50)
+            for k, f in (("eager", model), ("default", default), ("reduce-overhead", graphs))
+        }
     return Finding(
         f"batch-1 8-layer MLP: eager {t['eager']:.3f} ms, compile default {t['default']:.3f} ms, "
         f"reduce-overhead (CUDA graphs) {t['reduce-overhead']:.3f} ms",

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from vlastack.labs._core import MiB, Ctx, Finding, Lab, SavedTensors, compare, graph_nodes
+from vlastack.labs._core import Ctx, Finding, Lab, MiB, SavedTensors, compare, graph_nodes
 
 LAB = Lab("grad_modes", "no_grad, inference_mode, frozen parameters: saved activations and per-op cost")
 
@@ -19,7 +19,11 @@ def saved_activations_per_mode(ctx: Ctx) -> Finding:
     model = _mlp()
     x = torch.randn(64, 512)
     out = {}
-    for mode, cm in (("grad", torch.enable_grad), ("no_grad", torch.no_grad), ("inference_mode", torch.inference_mode)):
+    for mode, cm in (
+        ("grad", torch.enable_grad),
+        ("no_grad", torch.no_grad),
+        ("inference_mode", torch.inference_mode),
+    ):
         with cm(), SavedTensors(exclude=model.parameters()) as meter:
             y = model(x)
         out[mode] = (meter.alive_bytes() / MiB, y.requires_grad)
@@ -68,14 +72,28 @@ def inference_mode_speed(ctx: Ctx) -> Finding:
 
     del x
     rows, ratios = [], {}
-    for name, fn, per in (("pointwise x40", pointwise, 40), ("view ops x60", views, 60), ("MLP 256-1024-256 b8", mlp, 1)):
+    for name, fn, per in (
+        ("pointwise x40", pointwise, 40),
+        ("view ops x60", views, 60),
+        ("MLP 256-1024-256 b8", mlp, 1),
+    ):
         t = compare(
-            {"grad": run(torch.enable_grad, fn), "no_grad": run(torch.no_grad, fn), "inference": run(torch.inference_mode, fn)},
+            {
+                "grad": run(torch.enable_grad, fn),
+                "no_grad": run(torch.no_grad, fn),
+                "inference": run(torch.inference_mode, fn),
+            },
             reps=ctx.n(21, 9),
             inner=ctx.n(50, 20),
         )
         ratios[name] = t["inference"] / t["no_grad"]
-        rows.append({"work": name, **{f"{k} us/op": v * 1e3 / per for k, v in t.items()}, "inference/no_grad": ratios[name]})
+        rows.append(
+            {
+                "work": name,
+                **{f"{k} us/op": v * 1e3 / per for k, v in t.items()},
+                "inference/no_grad": ratios[name],
+            }
+        )
     worst = max(ratios.values())
     return Finding(
         "inference_mode / no_grad time: " + ", ".join(f"{k} {v:.2f}" for k, v in ratios.items()),

@@ -56,7 +56,10 @@ def backward_hooks_locate_vanishing(ctx: Ctx) -> Finding:
     sig = nn.ModuleList(nn.Sequential(nn.Linear(64, 64), nn.Sigmoid()) for _ in range(12))
     res = nn.ModuleList(nn.Sequential(nn.Linear(64, 64), nn.ReLU()) for _ in range(12))
     ns, nr = _grad_norms(sig, False), _grad_norms(res, True)
-    rows = [{"block": i, "sigmoid stack |grad_out|": ns[i], "ReLU + residual |grad_out|": nr[i]} for i in (0, 3, 6, 9, 11)]
+    rows = [
+        {"block": i, "sigmoid stack |grad_out|": ns[i], "ReLU + residual |grad_out|": nr[i]}
+        for i in (0, 3, 6, 9, 11)
+    ]
     ok = ns[0] / ns[-1] < 1e-3 and nr[0] / nr[-1] > 0.1
     return Finding(
         f"grad-output norm block 0 / block 11: sigmoid stack {ns[0] / ns[-1]:.1e}, ReLU + residual {nr[0] / nr[-1]:.2f}",

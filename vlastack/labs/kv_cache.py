@@ -6,7 +6,7 @@ import torch
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from vlastack.labs._core import MiB, Ctx, Finding, Lab, SavedTensors, compare
+from vlastack.labs._core import Ctx, Finding, Lab, MiB, SavedTensors, compare
 
 LAB = Lab("kv_cache", "KV caches: detach vs inference_mode, the note's snippet, cat vs static, prefix once")
 
@@ -130,7 +130,11 @@ def cat_vs_static_cache(ctx: Ctx) -> Finding:
     ratio = t["cat"] / t["static"]
     rows = [
         {"cache": "torch.cat per step", "ms": t["cat"], "MiB allocated in total": cb.bytes / MiB},
-        {"cache": "preallocated, written by index", "ms": t["static"], "MiB allocated in total": buf.nbytes / MiB},
+        {
+            "cache": "preallocated, written by index",
+            "ms": t["static"],
+            "MiB allocated in total": buf.nbytes / MiB,
+        },
     ]
     return Finding(
         f"{steps} appends to a 1x8xTx64 fp32 cache: cat {t['cat']:.1f} ms and {cb.bytes / MiB:.0f} MiB allocated "
@@ -157,8 +161,10 @@ def prefix_once_vs_recompute(ctx: Ctx) -> Finding:
         cached = model.sample_actions(batch, noise=noise)
         full = model.head.sample_uncached(model, batch, noise)
         t = compare(
-            {"cached": lambda: model.sample_actions(batch, noise=noise),
-             "uncached": lambda: model.head.sample_uncached(model, batch, noise)},
+            {
+                "cached": lambda: model.sample_actions(batch, noise=noise),
+                "uncached": lambda: model.head.sample_uncached(model, batch, noise),
+            },
             reps=ctx.n(7, 3),
         )
     diff = (cached - full).abs().max().item()

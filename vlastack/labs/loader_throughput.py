@@ -15,9 +15,13 @@ import torch
 import torch.multiprocessing as tmp
 from torch.utils.data import DataLoader, Dataset
 
-from vlastack.labs._core import MiB, Ctx, Finding, Lab
+from vlastack.labs._core import Ctx, Finding, Lab, MiB
 
-LAB = Lab("loader_throughput", "num_workers vs throughput, start-up and memory; tensor vs pickle transport", slow=True)
+LAB = Lab(
+    "loader_throughput",
+    "num_workers vs throughput, start-up and memory; tensor vs pickle transport",
+    slow=True,
+)
 
 
 class Busy(Dataset):
@@ -66,8 +70,12 @@ def workers_vs_throughput(ctx: Ctx) -> Finding:
         per = _calibrate(ds)
         for w in workers:
             first, rate = _epoch(DataLoader(ds, batch_size=8, num_workers=w))
-            rows.append({"sample ms": round(per, 2), "workers": w, "first batch ms": first, "samples/s": rate})
-        best[ms] = max((r for r in rows if r["sample ms"] == round(per, 2)), key=lambda r: r["samples/s"])["workers"]
+            rows.append(
+                {"sample ms": round(per, 2), "workers": w, "first batch ms": first, "samples/s": rate}
+            )
+        best[ms] = max((r for r in rows if r["sample ms"] == round(per, 2)), key=lambda r: r["samples/s"])[
+            "workers"
+        ]
     rec = max(cores - 1, 0)
     return Finding(
         f"{cores} cores, load {os.getloadavg()[0]:.1f}: best num_workers per sample cost "
@@ -112,7 +120,10 @@ def worker_startup_and_memory(ctx: Ctx) -> Finding:
     return Finding(
         f"epoch-2 first batch: {rows[0]['epoch-2 first batch ms']:.0f} ms (workers restarted) vs "
         f"{rows[1]['epoch-2 first batch ms']:.0f} ms (persistent); per worker RSS "
-        + "/".join(f"{x:.0f}" for x in rss) + " MiB, PSS " + "/".join(f"{x:.0f}" for x in pss) + " MiB",
+        + "/".join(f"{x:.0f}" for x in rss)
+        + " MiB, PSS "
+        + "/".join(f"{x:.0f}" for x in pss)
+        + " MiB",
         None,
         "True: each worker is a process (start-up per epoch unless persistent_workers) with its own "
         "memory; RSS counts pages shared with the parent after fork, PSS splits them, so PSS is the "

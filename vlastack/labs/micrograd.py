@@ -15,6 +15,7 @@ same order torch uses, with a node per scalar instead of per tensor::
 
 from __future__ import annotations
 
+import itertools
 import math
 import random
 import time
@@ -183,7 +184,9 @@ def to_dot(root: Value) -> str:
     """Graphviz DOT text: one box per value, one ellipse per op (render with `dot -Tsvg`)."""
     out = ["digraph G {", "  rankdir=LR;"]
     for n in topological_order(root):
-        out.append(f'  v{id(n)} [shape=record, label="{{ {n.label or " "} | data {n.data:.4g} | grad {n.grad:.4g} }}"];')
+        out.append(
+            f'  v{id(n)} [shape=record, label="{{ {n.label or " "} | data {n.data:.4g} | grad {n.grad:.4g} }}"];'
+        )
         if n._op:
             out.append(f'  o{id(n)} [label="{n._op}"];')
             out.append(f"  o{id(n)} -> v{id(n)};")
@@ -216,7 +219,7 @@ class MLP:
         rng = random.Random(seed)
         self.layers = [
             [Neuron(a, rng, "tanh" if i < len(sizes) - 2 else "linear") for _ in range(b)]
-            for i, (a, b) in enumerate(zip(sizes[:-1], sizes[1:]))
+            for i, (a, b) in enumerate(itertools.pairwise(sizes))
         ]
 
     def __call__(self, x: Sequence[Value | float]) -> list[Value]:
@@ -304,7 +307,9 @@ _EXPRESSIONS = {
     "y = x*x + x (shared node)": (lambda x: x * x + x, (1.5,)),
     "(a/b).log() - b/a": (lambda a, b: (a / b).log() - b / a, (3.0, 0.7)),
     "all ops": (
-        lambda a, b, c: ((a * b - c / a) ** 2 + (b.exp() - 1) * c.tanh() + (a.log() - 0.5 * b).relu() + 1 / (c + 2)),
+        lambda a, b, c: (
+            (a * b - c / a) ** 2 + (b.exp() - 1) * c.tanh() + (a.log() - 0.5 * b).relu() + 1 / (c + 2)
+        ),
         (1.3, -0.4, 0.8),
     ),
 }
@@ -318,7 +323,9 @@ def expressions_match_torch(ctx: Ctx) -> Finding:
         tv, tg = _torch_grads(fn, vals)
         diff = max(abs(mv - tv), *(abs(p - q) for p, q in zip(mg, tg)))
         worst = max(worst, diff)
-        rows.append({"expression": name, "value": mv, "grads": [round(g, 6) for g in mg], "max |micro - torch|": diff})
+        rows.append(
+            {"expression": name, "value": mv, "grads": [round(g, 6) for g in mg], "max |micro - torch|": diff}
+        )
     ok = worst < 1e-10 and rows[0]["grads"] == [3.0, 3.0] and rows[1]["grads"] == [4.0]
     return Finding(
         f"{len(rows)} expressions (+ - * / pow exp log tanh relu), max |micro - torch float64| = {worst:.1e}",
@@ -346,14 +353,15 @@ def mlp_gradients_match_torch(ctx: Ctx) -> Finding:
     t_torch = time.perf_counter() - t0
     # Torch's grads neuron by neuron (w row then b), as the micro parameters are listed.
     tgrads = [
-        g
-        for w, b in params
-        for i in range(w.shape[0])
-        for g in [*w.grad[i].tolist(), b.grad[i].item()]
+        g for w, b in params for i in range(w.shape[0]) for g in [*w.grad[i].tolist(), b.grad[i].item()]
     ]
     mgrads = [p.grad for p in model.parameters()]
     diff = max(abs(p - q) for p, q in zip(mgrads, tgrads))
-    ok = abs(loss.data - tl.item()) < 1e-12 and diff < 1e-10 and len(mgrads) == len(tgrads) == 4 * 8 + 9 * 8 + 9
+    ok = (
+        abs(loss.data - tl.item()) < 1e-12
+        and diff < 1e-10
+        and len(mgrads) == len(tgrads) == 4 * 8 + 9 * 8 + 9
+    )
     return Finding(
         f"MLP 3-8-8-1 tanh, 16 samples, MSE: loss {loss.data:.12f} vs torch {tl.item():.12f}; "
         f"{len(mgrads)} weight grads, max diff {diff:.1e}; {nodes} nodes; micro {t_micro * 1e3:.0f} ms "
@@ -393,7 +401,9 @@ def trains_like_torch(ctx: Ctx) -> Finding:
         f"the curve {diff:.1e}",
         ok,
         "The engine trains: the loss curve equals torch's step for step (float64).",
-        rows=[{"step": i, "micro loss": curve[i], "torch loss": tcurve[i]} for i in (0, steps // 2, steps - 1)],
+        rows=[
+            {"step": i, "micro loss": curve[i], "torch loss": tcurve[i]} for i in (0, steps // 2, steps - 1)
+        ],
     )
 
 

@@ -27,8 +27,12 @@ def buffers_move_and_save(ctx: Ctx) -> Finding:
     m64 = _State().to(torch.float64)
     meta = _State().to("meta")
     rows = [
-        {"member": name, ".to(float64) dtype": str(getattr(m64, name).dtype).replace("torch.", ""),
-         ".to('meta') device": str(getattr(meta, name).device), "in state_dict": name in keys}
+        {
+            "member": name,
+            ".to(float64) dtype": str(getattr(m64, name).dtype).replace("torch.", ""),
+            ".to('meta') device": str(getattr(meta, name).device),
+            "in state_dict": name in keys,
+        }
         for name in ("w", "pe", "scratch", "plain")
     ]
     bn_keys = sorted(nn.BatchNorm1d(3).state_dict())
@@ -105,7 +109,12 @@ def plain_list_hides_modules(ctx: Ctx) -> Finding:
 
     h, r = Hidden(), Registered()
     moved = h.to(torch.float64)
-    ok = count(h) == 0 and len(h.state_dict()) == 0 and count(r) == 4 + 12 + 6 + 6 and moved.layers[0].weight.dtype == torch.float32
+    ok = (
+        count(h) == 0
+        and len(h.state_dict()) == 0
+        and count(r) == 4 + 12 + 6 + 6
+        and moved.layers[0].weight.dtype == torch.float32
+    )
     return Finding(
         f"plain tensor + Python list: {count(h)} parameters, {len(h.state_dict())} state_dict keys, "
         f"list's Linear stays float32 after .to(float64); Parameter + ModuleList + ModuleDict + Sequential: {count(r)}",

@@ -37,7 +37,13 @@ def adamw_state_per_param(ctx: Ctx) -> Finding:
     per = state_bytes(_stepped(torch.optim.AdamW, params)) / n
     rows = [
         {"optimizer": "AdamW fp32", "weights B/param": 4, "grads": 4, "state": per, "total": 8 + per},
-        {"optimizer": "AdamW8bit (2 x 1 B + scales)", "weights B/param": 4, "grads": 4, "state": 2, "total": 10},
+        {
+            "optimizer": "AdamW8bit (2 x 1 B + scales)",
+            "weights B/param": 4,
+            "grads": 4,
+            "state": 2,
+            "total": 10,
+        },
     ]
     saving = 1 - 10 / (8 + per)
     return Finding(
@@ -61,8 +67,15 @@ def adamw8bit_measured(ctx: Ctx) -> Finding:
         n = sum(p.numel() for p in p32)
         b32 = state_bytes(_stepped(torch.optim.AdamW, p32)) / n
         b8 = state_bytes(_stepped(bnb.optim.AdamW8bit, p8)) / n
-        rows.append({"tensor": f"{shape[0]}x{shape[1]}", "elements": shape[0] * shape[1], "AdamW B/param": b32,
-                     "AdamW8bit B/param": b8, "state saved": 1 - b8 / b32})
+        rows.append(
+            {
+                "tensor": f"{shape[0]}x{shape[1]}",
+                "elements": shape[0] * shape[1],
+                "AdamW B/param": b32,
+                "AdamW8bit B/param": b8,
+                "state saved": 1 - b8 / b32,
+            }
+        )
     big = rows[-1]
     ok = big["AdamW8bit B/param"] / big["AdamW B/param"] <= 0.27 and rows[0]["AdamW8bit B/param"] == 8.0
     return Finding(

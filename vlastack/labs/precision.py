@@ -7,7 +7,7 @@ import warnings
 import torch
 from torch import nn
 
-from vlastack.labs._core import MiB, Ctx, Finding, Lab, SavedTensors, compare, cpu_flags, native_bf16
+from vlastack.labs._core import Ctx, Finding, Lab, MiB, SavedTensors, compare, cpu_flags, native_bf16
 
 LAB = Lab("precision", "fp16 vs bf16 range, underflow, loss scaling, GradScaler, autocast memory and speed")
 
@@ -17,8 +17,15 @@ def ranges_and_round_trips(ctx: Ctx) -> Finding:
     rows = []
     for dt in (torch.float16, torch.bfloat16, torch.float32):
         fi = torch.finfo(dt)
-        rows.append({"dtype": str(dt).replace("torch.", ""), "max": f"{fi.max:.4g}", "smallest normal": fi.smallest_normal,
-                     "eps": fi.eps, "mantissa bits": {torch.float16: 11, torch.bfloat16: 8, torch.float32: 24}[dt]})
+        rows.append(
+            {
+                "dtype": str(dt).replace("torch.", ""),
+                "max": f"{fi.max:.4g}",
+                "smallest normal": fi.smallest_normal,
+                "eps": fi.eps,
+                "mantissa bits": {torch.float16: 11, torch.bfloat16: 8, torch.float32: 24}[dt],
+            }
+        )
     vals = [1e-5, 1e-6, 1e-7, 1e-8, 7e4]
     rt = {dt: torch.tensor(vals).to(dt).float().tolist() for dt in (torch.float16, torch.bfloat16)}
     for v, h, b in zip(vals, rt[torch.float16], rt[torch.bfloat16]):
@@ -27,8 +34,12 @@ def ranges_and_round_trips(ctx: Ctx) -> Finding:
     ok = (
         torch.finfo(torch.float16).max == 65504
         and abs(torch.finfo(torch.float16).smallest_normal - 6.1035e-5) < 1e-8
-        and h16[1e-5] > 0 and h16[1e-7] > 0 and h16[1e-8] == 0 and h16[7e4] == float("inf")
-        and rt[torch.bfloat16][3] > 0 and rt[torch.bfloat16][4] < float("inf")
+        and h16[1e-5] > 0
+        and h16[1e-7] > 0
+        and h16[1e-8] == 0
+        and h16[7e4] == float("inf")
+        and rt[torch.bfloat16][3] > 0
+        and rt[torch.bfloat16][4] < float("inf")
     )
     return Finding(
         f"fp16 max 65504, smallest normal 6.1e-5, but 1e-5 -> {h16[1e-5]:.4g}, 1e-7 -> {h16[1e-7]:.3g} "
@@ -122,9 +133,9 @@ def autocast_memory(ctx: Ctx) -> Finding:
     x = torch.randn(2048, 256)
     saved = {}
     for name, dt in (("fp32", None), ("bf16 autocast", torch.bfloat16)):
-        with torch.autocast("cpu", dtype=dt or torch.bfloat16, enabled=dt is not None):
-            with SavedTensors(exclude=model.parameters()) as meter:
-                y = model(x)
+        autocast = torch.autocast("cpu", dtype=dt or torch.bfloat16, enabled=dt is not None)
+        with autocast, SavedTensors(exclude=model.parameters()) as meter:
+            y = model(x)
         saved[name] = meter.alive_bytes() / MiB
         out_dtype = y.dtype
         del y
@@ -157,12 +168,19 @@ def low_precision_speed_on_this_cpu(ctx: Ctx) -> Finding:
 
         return go
 
-    st = compare({"fp32": step(None), "bf16": step(torch.bfloat16), "fp16": step(torch.float16)}, reps=ctx.n(5, 3))
+    st = compare(
+        {"fp32": step(None), "bf16": step(torch.bfloat16), "fp16": step(torch.float16)}, reps=ctx.n(5, 3)
+    )
     native = native_bf16()
     r_mm, r_st = mm["bf16"] / mm["fp32"], st["bf16"] / st["fp32"]
     rows = [
         {"work": f"{n}^2 matmul", "fp32 ms": mm["fp32"], "bf16 ms": mm["bf16"], "fp16 ms": mm["fp16"]},
-        {"work": "MLP train step (autocast)", "fp32 ms": st["fp32"], "bf16 ms": st["bf16"], "fp16 ms": st["fp16"]},
+        {
+            "work": "MLP train step (autocast)",
+            "fp32 ms": st["fp32"],
+            "bf16 ms": st["bf16"],
+            "fp16 ms": st["fp16"],
+        },
     ]
     # The expected direction follows the CPU: native bf16 (avx512_bf16 / AMX) -> faster; else far slower.
     ok = r_st < 1.0 if native else r_st > 3.0
@@ -209,7 +227,11 @@ def fp16_grad_scaler_on_cuda(ctx: Ctx) -> Finding:
         torch.cuda.synchronize()
         return s.elapsed_time(e) / 10
 
-    t = {"fp32": timed(lambda: a @ b), "fp16": timed(lambda: ah @ b.half()), "bf16": timed(lambda: ab @ b.bfloat16())}
+    t = {
+        "fp32": timed(lambda: a @ b),
+        "fp16": timed(lambda: ah @ b.half()),
+        "bf16": timed(lambda: ab @ b.bfloat16()),
+    }
     ok = all(torch.isfinite(torch.tensor(losses))) and losses[-1] < losses[0]
     return Finding(
         f"{torch.cuda.get_device_name()}: 20 fp16 autocast steps with GradScaler('cuda'), loss "

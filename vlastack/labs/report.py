@@ -67,16 +67,25 @@ def run_labs(
                 echo(ln)
         secs = time.perf_counter() - t0
         counts = {s: sum(r.status == s for r in results) for s in ("ok", "FAIL", "skip", "report")}
-        echo(f"-- {lab.name}: {counts['ok']} ok, {counts['FAIL']} failed, {counts['report']} reported, "
-             f"{counts['skip']} skipped in {secs:.1f} s")
+        echo(
+            f"-- {lab.name}: {counts['ok']} ok, {counts['FAIL']} failed, {counts['report']} reported, "
+            f"{counts['skip']} skipped in {secs:.1f} s"
+        )
         labs.append(
-            {"name": lab.name, "title": lab.title, "seconds": round(secs, 1), "counts": counts,
-             "checks": [r.to_dict() for r in results]}
+            {
+                "name": lab.name,
+                "title": lab.title,
+                "seconds": round(secs, 1),
+                "counts": counts,
+                "checks": [r.to_dict() for r in results],
+            }
         )
     total = {s: sum(lab["counts"][s] for lab in labs) for s in ("ok", "FAIL", "skip", "report")}
     secs = time.perf_counter() - t_all
-    echo(f"\nall: {total['ok']} ok, {total['FAIL']} failed, {total['report']} reported, "
-         f"{total['skip']} skipped in {secs:.1f} s")
+    echo(
+        f"\nall: {total['ok']} ok, {total['FAIL']} failed, {total['report']} reported, "
+        f"{total['skip']} skipped in {secs:.1f} s"
+    )
     return {
         "environment": env,
         "mode": "quick" if ctx.quick else "full",
@@ -136,12 +145,20 @@ def to_markdown(payload: dict) -> str:
     ]
     for lab in payload["labs"]:
         c = lab["counts"]
-        out.append(f"| [{lab['name']}](#{lab['name']}) | {c['ok']} | {c['report']} | {c['skip']} | "
-                   f"{c['FAIL']} | {lab['seconds']} |")
+        out.append(
+            f"| [{lab['name']}](#{lab['name']}) | {c['ok']} | {c['report']} | {c['skip']} | "
+            f"{c['FAIL']} | {lab['seconds']} |"
+        )
     for lab in payload["labs"]:
-        out += ["", f"## {lab['name']}", "", lab["title"], "",
-                "| check | claim (seed: quote — gloss) | audit | measured here | status | explanation |",
-                "|---|---|---|---|---|---|"]
+        out += [
+            "",
+            f"## {lab['name']}",
+            "",
+            lab["title"],
+            "",
+            "| check | claim (seed: quote — gloss) | audit | measured here | status | explanation |",
+            "|---|---|---|---|---|---|",
+        ]
         for ch in lab["checks"]:
             claims = "<br>".join(
                 f"**{cid}** {CLAIMS[cid].seed}: “{_md(CLAIMS[cid].quote)}” — {_md(CLAIMS[cid].gloss)}"
@@ -149,8 +166,10 @@ def to_markdown(payload: dict) -> str:
             )
             verdicts = "<br>".join(CLAIMS[cid].verdict for cid in ch["claims"])
             here = f"<br>here: {_md(ch['verdict'])}" if ch["verdict"] else ""
-            out.append(f"| `{ch['check']}` | {claims} | {verdicts}{here} | {_md(ch['measured'])} | "
-                       f"{ch['status']} | {_md(ch['note'])} |")
+            out.append(
+                f"| `{ch['check']}` | {claims} | {verdicts}{here} | {_md(ch['measured'])} | "
+                f"{ch['status']} | {_md(ch['note'])} |"
+            )
     out += ["", "## Claims with no lab", "", "| claim | seed | quote | why no lab |", "|---|---|---|---|"]
     for cid, why in NO_LAB.items():
         c = CLAIMS[cid]

@@ -114,8 +114,12 @@ def reshape_contiguous_clone(ctx: Ctx) -> Finding:
     r2 = t.T.reshape(-1)
     c = t.T.clone()
     tc = t.T.contiguous()
-    rows = [_desc("t.reshape(3,2)", r1, t), _desc("t.T.reshape(-1)", r2, t), _desc("t.T.clone()", c, t),
-            _desc("t.T.contiguous()", tc, t)]
+    rows = [
+        _desc("t.reshape(3,2)", r1, t),
+        _desc("t.T.reshape(-1)", r2, t),
+        _desc("t.T.clone()", c, t),
+        _desc("t.T.contiguous()", tc, t),
+    ]
     same_self = t.contiguous() is t
     ok = (
         _ptr(r1) == _ptr(t)
@@ -193,7 +197,12 @@ def numpy_and_dlpack_alias(ctx: Ctx) -> Finding:
     u = torch.from_dlpack(t)
     u[1] = 3.0
     copied = torch.tensor(arr)
-    ok = t[0].item() == 7.0 and arr[1] == 3.0 and u.data_ptr() == t.data_ptr() and copied.data_ptr() != t.data_ptr()
+    ok = (
+        t[0].item() == 7.0
+        and arr[1] == 3.0
+        and u.data_ptr() == t.data_ptr()
+        and copied.data_ptr() != t.data_ptr()
+    )
     return Finding(
         f"from_numpy sees a numpy write: {t[0].item() == 7.0}; from_dlpack same pointer "
         f"{u.data_ptr() == t.data_ptr()}, write visible in numpy {arr[1] == 3.0}; torch.tensor(arr) copies",

@@ -9,7 +9,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader
 
-from vlastack.labs._core import MiB, Ctx, Finding, Lab, SavedTensors
+from vlastack.labs._core import Ctx, Finding, Lab, MiB, SavedTensors
 
 LAB = Lab("training_hygiene", "gradient accumulation, clipping, seeds, torch.load(weights_only)")
 

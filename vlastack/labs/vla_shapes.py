@@ -11,7 +11,9 @@ import torch.nn.functional as F
 
 from vlastack.labs._core import Ctx, Finding, Lab
 
-LAB = Lab("vla_shapes", "SigLIP -> projector -> cat -> Gemma -> heads in vlastack tiny; losses; overrides; TFRecord")
+LAB = Lab(
+    "vla_shapes", "SigLIP -> projector -> cat -> Gemma -> heads in vlastack tiny; losses; overrides; TFRecord"
+)
 
 
 def _tiny(head: str = "flow"):
@@ -82,7 +84,7 @@ def token_head_reuses_lm_head(ctx: Ctx) -> Finding:
 
 @LAB.check("S4-12", "S4-04")
 def flow_loss_is_the_seed_formula(ctx: Ctx) -> Finding:
-    mc, model, batch = _tiny()
+    _, model, batch = _tiny()
     batch = dict(batch)
     batch["action_is_pad"] = torch.zeros_like(batch["action_is_pad"])
     batch["action_dim_mask"] = torch.ones_like(batch["action_dim_mask"])
@@ -153,7 +155,9 @@ def tfrecord_without_tensorflow(ctx: Ctx) -> Finding:
 
     from vlastack.data.tfrecord import encode_example, parse_example, read_tfrecord, write_tfrecord
 
-    recs = [encode_example({"action": np.arange(3, dtype=np.float32) + i, "lang": [b"pick"]}) for i in range(4)]
+    recs = [
+        encode_example({"action": np.arange(3, dtype=np.float32) + i, "lang": [b"pick"]}) for i in range(4)
+    ]
     with tempfile.TemporaryDirectory() as d:
         path = Path(d) / "x.tfrecord"
         write_tfrecord(path, recs)

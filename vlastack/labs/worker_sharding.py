@@ -8,6 +8,7 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -15,7 +16,9 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from vlastack.labs._core import Ctx, Finding, Lab
 
-LAB = Lab("worker_sharding", "IterableDataset in workers: duplication, sharding by worker and rank, RNG state")
+LAB = Lab(
+    "worker_sharding", "IterableDataset in workers: duplication, sharding by worker and rank, RNG state"
+)
 
 
 class Stream(IterableDataset):
@@ -62,10 +65,19 @@ def iterable_copies_and_sharding(ctx: Ctx) -> Finding:
     both = ranks[0] + ranks[1]
     rows = [
         {"setup": "2 workers, no sharding", "items": len(dup), "unique": len(set(dup))},
-        {"setup": "2 workers, get_worker_info() sharding in __iter__", "items": len(sharded), "unique": len(set(sharded))},
+        {
+            "setup": "2 workers, get_worker_info() sharding in __iter__",
+            "items": len(sharded),
+            "unique": len(set(sharded)),
+        },
         {"setup": "2 ranks x 2 workers, rank*workers + id", "items": len(both), "unique": len(set(both))},
     ]
-    ok = len(dup) == 40 and len(set(dup)) == 20 and sorted(sharded) == list(range(20)) and sorted(both) == list(range(20))
+    ok = (
+        len(dup) == 40
+        and len(set(dup)) == 20
+        and sorted(sharded) == list(range(20))
+        and sorted(both) == list(range(20))
+    )
     return Finding(
         f"20 items: unsharded with 2 workers -> {len(dup)} items ({len(set(dup))} unique); sharded -> "
         f"{len(sharded)}; 2 ranks x 2 workers -> {len(both)} ({len(set(both))} unique)",
@@ -127,7 +139,7 @@ def spawn_needs_main_guard(ctx: Ctx) -> Finding:
             f.write(textwrap.dedent(_SCRIPT))
         env = {**os.environ, "LAB_COUNT": count}
         p = subprocess.run([sys.executable, script], capture_output=True, text=True, timeout=120, env=env)
-        runs = len(open(count).read()) if os.path.exists(count) else 0
+        runs = len(Path(count).read_text()) if os.path.exists(count) else 0
     boot = "bootstrapping phase" in p.stderr
     return Finding(
         f"spawn, no __main__ guard: exit code {p.returncode}, module body ran {runs} times, "

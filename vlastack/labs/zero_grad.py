@@ -7,7 +7,7 @@ import inspect
 import torch
 from torch import nn
 
-from vlastack.labs._core import MiB, Ctx, Finding, Lab, compare
+from vlastack.labs._core import Ctx, Finding, Lab, MiB, compare
 
 LAB = Lab("zero_grad", "zero_grad(set_to_none): speed, memory held, peak; forgetting it")
 
@@ -60,10 +60,20 @@ def set_to_none_default_speed_and_memory(ctx: Ctx) -> Finding:
     w = ctx.n(1024, 512)
     pk_t, pk_f = _step_peak(True, w, 256), _step_peak(False, w, 256)
     rows = [
-        {"zero_grad": "set_to_none=True", "ms/call (100 Linear)": t["set_to_none=True"], "grads held MiB": held_true,
-         "step peak MiB": pk_t["Total"], "of which grads": pk_t["Gradient"]},
-        {"zero_grad": "set_to_none=False", "ms/call (100 Linear)": t["set_to_none=False"], "grads held MiB": held_false,
-         "step peak MiB": pk_f["Total"], "of which grads": pk_f["Gradient"]},
+        {
+            "zero_grad": "set_to_none=True",
+            "ms/call (100 Linear)": t["set_to_none=True"],
+            "grads held MiB": held_true,
+            "step peak MiB": pk_t["Total"],
+            "of which grads": pk_t["Gradient"],
+        },
+        {
+            "zero_grad": "set_to_none=False",
+            "ms/call (100 Linear)": t["set_to_none=False"],
+            "grads held MiB": held_false,
+            "step peak MiB": pk_f["Total"],
+            "of which grads": pk_f["Gradient"],
+        },
     ]
     ok = default is True and held_true == 0 and held_false > 20 and pk_t["Total"] < pk_f["Total"]
     return Finding(
