@@ -3,7 +3,7 @@ PY := .venv/bin/python
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
-.PHONY: setup demo smoke test test-slow lint format bench clean
+.PHONY: setup demo smoke test test-slow lint format bench clean labs
 
 setup:
 	bash scripts/setup.sh
@@ -26,6 +26,10 @@ lint:
 
 format:
 	$(PY) -m ruff check --fix . && $(PY) -m ruff format .
+
+# One full run of the labs -> the committed figures (docs/labs.md, bench/results/labs.json).
+labs: setup
+	$(PY) -m vlastack.cli lab all --json bench/results/labs.json --markdown docs/labs.md
 
 clean:
 	rm -rf runs .pytest_cache

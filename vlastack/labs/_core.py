@@ -270,6 +270,17 @@ def native_bf16() -> bool:
     return bool({"avx512_bf16", "amx_bf16"} & set(cpu_flags()))
 
 
+def _version(module: str) -> str | None:
+    from importlib.metadata import PackageNotFoundError, version
+
+    if importlib.util.find_spec(module) is None:
+        return None
+    try:
+        return version(module)
+    except PackageNotFoundError:
+        return "unknown"
+
+
 def environment() -> dict:
     model = platform.processor() or platform.machine()
     try:
@@ -288,6 +299,7 @@ def environment() -> dict:
         "load_avg": [round(x, 2) for x in os.getloadavg()] if hasattr(os, "getloadavg") else None,
         "timing": "thread CPU time, 1 intra-op thread, interleaved repeats, medians (wall-clock where noted)",
         "cuda": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
+        "optional": {m: _version(m) for m in ("bitsandbytes", "einops", "numpy")},
     }
     return env
 

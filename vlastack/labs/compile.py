@@ -30,6 +30,7 @@ def _inductor(fn):
     import torch._inductor.config as cfg
 
     cfg.compile_threads = 1  # no compile worker pool on a small shared machine
+    cfg.force_disable_caches = True  # measure a real compile, not an on-disk cache hit from a previous run
     return torch.compile(fn)
 
 

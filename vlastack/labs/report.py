@@ -7,7 +7,7 @@ from collections.abc import Callable, Sequence
 
 from vlastack.labs import LAB_NAMES, load_lab
 from vlastack.labs._core import Ctx, Result, env_line, environment, run_check
-from vlastack.labs.claims import CLAIMS, NO_LAB
+from vlastack.labs.claims import CLAIMS, NO_LAB, SEED_FILES
 
 _MARK = {"ok": " ok ", "FAIL": "FAIL", "skip": "skip", "report": " -- "}
 
@@ -139,6 +139,10 @@ def to_markdown(payload: dict) -> str:
         f"{t['skip']} skipped, in {payload['seconds']} s.",
         "- Status: **ok** = the check's assertion holds; **report** = measured and printed, not asserted "
         "(small or host-dependent effects); **skip** = needs hardware or a package this machine lacks.",
+        "- Audit verdicts (from `shared/reference/seed-claims.md`): T true, C true with caveats or a flawed "
+        "example, F false, n/a not checkable; the 'here' line is this run's verdict where it differs.",
+        "- Seeds: " + ", ".join(f"`{k}` = `{v}`" for k, v in SEED_FILES.items()) + ".",
+        "- Run one lab: `vla lab run NAME`; list them: `vla lab list`; claim -> check map: `vla lab list --claims`.",
         "",
         "| lab | ok | report | skip | failed | seconds |",
         "|---|---|---|---|---|---|",
@@ -170,9 +174,24 @@ def to_markdown(payload: dict) -> str:
                 f"| `{ch['check']}` | {claims} | {verdicts}{here} | {_md(ch['measured'])} | "
                 f"{ch['status']} | {_md(ch['note'])} |"
             )
+        for ch in lab["checks"]:
+            if ch["rows"]:
+                cols = list(ch["rows"][0])
+                out += [
+                    "",
+                    f"`{ch['check']}`:",
+                    "",
+                    "| " + " | ".join(_md(c) for c in cols) + " |",
+                    "|" + "---|" * len(cols),
+                ]
+                out += ["| " + " | ".join(_md(_fmt(r.get(c, ""))) for c in cols) + " |" for r in ch["rows"]]
     out += ["", "## Claims with no lab", "", "| claim | seed | quote | why no lab |", "|---|---|---|---|"]
     for cid, why in NO_LAB.items():
         c = CLAIMS[cid]
         out.append(f"| {cid} | {c.seed_file} | “{_md(c.quote)}” — {_md(c.gloss)} | {_md(why)} |")
+    out += ["", "## Claim index", "", "| claim | seed | audit | checked by |", "|---|---|---|---|"]
+    for cid, row in payload["claims"].items():
+        target = ", ".join(f"`{x}`" for x in row["checks"]) or f"no lab: {_md(row.get('no_lab', ''))}"
+        out.append(f"| {cid} | {CLAIMS[cid].seed} | {row['verdict']} | {target} |")
     out.append("")
     return "\n".join(out)

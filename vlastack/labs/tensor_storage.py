@@ -50,9 +50,14 @@ def metadata_and_offset(ctx: Ctx) -> Finding:
 @LAB.check("S2-02")
 def typed_storage_deprecated(ctx: Ctx) -> Finding:
     t = torch.arange(1, 7).view(2, 3)
-    with warnings.catch_warnings(record=True) as w:
-        warnings.simplefilter("always")
-        s = t.storage()
+    old = torch.storage._get_always_warn_typed_storage_removal()
+    torch.storage._set_always_warn_typed_storage_removal(True)  # torch warns once per process otherwise
+    try:
+        with warnings.catch_warnings(record=True) as w:
+            warnings.simplefilter("always")
+            s = t.storage()
+    finally:
+        torch.storage._set_always_warn_typed_storage_removal(old)
     msgs = [str(x.message) for x in w]
     deprecated = any("TypedStorage is deprecated" in m for m in msgs)
     return Finding(
