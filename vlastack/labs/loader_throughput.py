@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import statistics
 import time
 
 import numpy as np
@@ -67,22 +68,22 @@ def workers_vs_throughput(ctx: Ctx) -> Finding:
     rows, best = [], {}
     for ms in costs:
         ds = Busy(ctx.n(400, 240) if ms < 1 else ctx.n(80, 40), ms)
-        per = _calibrate(ds)
+        per = round(_calibrate(ds), 2)
+        runs: dict[int, list[tuple[float, float]]] = {w: [] for w in workers}
+        for r in range(ctx.n(2, 1)):  # interleaved rounds, rotating the order; medians below
+            for w in workers[r:] + workers[:r]:
+                runs[w].append(_epoch(DataLoader(ds, batch_size=8, num_workers=w)))
         for w in workers:
-            first, rate = _epoch(DataLoader(ds, batch_size=8, num_workers=w))
-            rows.append(
-                {"sample ms": round(per, 2), "workers": w, "first batch ms": first, "samples/s": rate}
-            )
-        best[ms] = max((r for r in rows if r["sample ms"] == round(per, 2)), key=lambda r: r["samples/s"])[
-            "workers"
-        ]
+            first, rate = (statistics.median(x) for x in zip(*runs[w]))
+            rows.append({"sample ms": per, "workers": w, "first batch ms": first, "samples/s": rate})
+        best[per] = max((r for r in rows if r["sample ms"] == per), key=lambda r: r["samples/s"])["workers"]
     rec = max(cores - 1, 0)
     return Finding(
         f"{cores} cores, load {os.getloadavg()[0]:.1f}: best num_workers per sample cost "
         + ", ".join(f"{ms} ms -> {w}" for ms, w in best.items())
         + f"; the note's rule (cores - 1) = {rec}",
         None,
-        "Host-dependent (wall clock, reported): workers pay process start-up (first batch) and IPC, "
+        "Host-dependent (wall clock, medians of interleaved rounds, reported): workers pay process start-up (first batch) and IPC, "
         "and past the free cores they compete for CPU. Measure num_workers on the training host; "
         "neither 'cores - 1' nor 'cores or half' is a law. pin_memory does nothing without an accelerator.",
         data={"best_workers": {str(k): v for k, v in best.items()}, "cores": cores},
