@@ -26,14 +26,6 @@ LAB = Lab(
 )
 
 
-def _inductor(fn):
-    import torch._inductor.config as cfg
-
-    cfg.compile_threads = 1  # no compile worker pool on a small shared machine
-    cfg.force_disable_caches = True  # measure a real compile, not an on-disk cache hit from a previous run
-    return torch.compile(fn)
-
-
 class _CountOps(TorchDispatchMode):
     def __init__(self) -> None:
         super().__init__()
@@ -72,6 +64,7 @@ class TinyMLP(nn.Module):
 
 @LAB.check("S2-25", "S0-33", "S2-23", "S2-26", "S4-17", "S4-18")
 def where_compile_helps(ctx: Ctx) -> Finding:
+    import torch._inductor.config as inductor_config
     from torch._inductor.utils import run_and_get_code
 
     torch._dynamo.reset()
@@ -90,10 +83,12 @@ def where_compile_helps(ctx: Ctx) -> Finding:
     if ctx.quick:  # each Inductor compile costs seconds on a small machine
         del cases["RMSNorm"], cases["batch-1 4-block MLP"]
     rows, speed, code = [], {}, ""
+    # One compile worker (no pool on a small shared machine); no on-disk cache, so the first call
+    # measures a real compile rather than a cache hit from an earlier run. Restored afterwards.
     for name, (fn, args) in cases.items():
-        cfn = _inductor(fn)
+        cfn = torch.compile(fn)
         t0 = time.perf_counter()
-        with torch.no_grad():
+        with torch.no_grad(), inductor_config.patch(compile_threads=1, force_disable_caches=True):
             if not code:  # the first case: also keep the generated code
                 _, codes = run_and_get_code(cfn, *args)
                 code = "\n".join(codes)

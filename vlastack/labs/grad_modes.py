@@ -46,7 +46,6 @@ def saved_activations_per_mode(ctx: Ctx) -> Finding:
 
 @LAB.check("S4-23")
 def inference_mode_speed(ctx: Ctx) -> Finding:
-    x = torch.randn(16, requires_grad=True)
     small = torch.randn(16)
     model = _mlp(256, 1024)
     xb = torch.randn(8, 256)
@@ -70,7 +69,6 @@ def inference_mode_speed(ctx: Ctx) -> Finding:
 
         return go
 
-    del x
     rows, ratios = [], {}
     for name, fn, per in (
         ("pointwise x40", pointwise, 40),

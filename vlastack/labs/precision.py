@@ -14,22 +14,16 @@ LAB = Lab("precision", "fp16 vs bf16 range, underflow, loss scaling, GradScaler,
 
 @LAB.check("S0-22", "S4-06")
 def ranges_and_round_trips(ctx: Ctx) -> Finding:
-    rows = []
-    for dt in (torch.float16, torch.bfloat16, torch.float32):
-        fi = torch.finfo(dt)
-        rows.append(
-            {
-                "dtype": str(dt).replace("torch.", ""),
-                "max": f"{fi.max:.4g}",
-                "smallest normal": fi.smallest_normal,
-                "eps": fi.eps,
-                "mantissa bits": {torch.float16: 11, torch.bfloat16: 8, torch.float32: 24}[dt],
-            }
-        )
     vals = [1e-5, 1e-6, 1e-7, 1e-8, 7e4]
     rt = {dt: torch.tensor(vals).to(dt).float().tolist() for dt in (torch.float16, torch.bfloat16)}
-    for v, h, b in zip(vals, rt[torch.float16], rt[torch.bfloat16]):
-        rows.append({"dtype": f"{v:g} ->", "max": f"fp16 {h:.4g}", "smallest normal": f"bf16 {b:.4g}"})
+    rows = [
+        {"value": f"{v:g}", "fp16": f"{h:.4g}", "bf16": f"{b:.4g}"} for v, h, b in zip(vals, *rt.values())
+    ]
+    h, b = torch.finfo(torch.float16), torch.finfo(torch.bfloat16)
+    for name in ("max", "smallest_normal", "eps"):
+        rows.append(
+            {"value": f"finfo.{name}", "fp16": f"{getattr(h, name):.4g}", "bf16": f"{getattr(b, name):.4g}"}
+        )
     h16 = dict(zip(vals, rt[torch.float16]))
     ok = (
         torch.finfo(torch.float16).max == 65504

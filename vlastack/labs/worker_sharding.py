@@ -54,7 +54,7 @@ class Draws(IterableDataset):
 
 
 def _items(ds: IterableDataset, workers: int) -> list[int]:
-    return [int(x) for b in DataLoader(ds, batch_size=None, num_workers=workers) for x in [b]]
+    return [int(x) for x in DataLoader(ds, batch_size=None, num_workers=workers)]
 
 
 @LAB.check("S3-02", "S3-18")
