@@ -33,6 +33,8 @@ def _data() -> tuple[torch.Tensor, torch.Tensor]:
 
 def _worker(rank: int, port: int, out: str, backend: str) -> None:
     torch.set_num_threads(1)
+    if backend == "nccl":
+        torch.cuda.set_device(rank)
     dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD)
     dev = torch.device("cuda", rank) if backend == "nccl" else torch.device("cpu")
     res: dict = {}

@@ -38,7 +38,7 @@ def pinned_vs_pageable_bandwidth(ctx: Ctx) -> Finding:
     dst = torch.empty(n, device="cuda")
     t_page = _events_ms(lambda: dst.copy_(pageable))
     t_pin = _events_ms(lambda: dst.copy_(pinned, non_blocking=True))
-    gbs = {k: 64 / 1024 / (v / 1e3) for k, v in (("pageable", t_page), ("pinned", t_pin))}
+    gbs = {k: 64 * MiB / 1e9 / (v / 1e3) for k, v in (("pageable", t_page), ("pinned", t_pin))}
     return Finding(
         f"{torch.cuda.get_device_name()}: 64 MiB host->device: pageable {gbs['pageable']:.1f} GB/s, pinned "
         f"{gbs['pinned']:.1f} GB/s ({t_page / t_pin:.2f}x); pinned buffer is_pinned {pinned.is_pinned()}",

@@ -209,7 +209,7 @@ def fp16_grad_scaler_on_cuda(ctx: Ctx) -> Finding:
         scaler.update()
         losses.append(loss.item())
     a, b = torch.randn(4096, 4096, device=dev), torch.randn(4096, 4096, device=dev)
-    ah, ab = a.half(), a.bfloat16()
+    ah, ab, bh, bb = a.half(), a.bfloat16(), b.half(), b.bfloat16()
 
     def timed(fn) -> float:
         fn()
@@ -223,8 +223,8 @@ def fp16_grad_scaler_on_cuda(ctx: Ctx) -> Finding:
 
     t = {
         "fp32": timed(lambda: a @ b),
-        "fp16": timed(lambda: ah @ b.half()),
-        "bf16": timed(lambda: ab @ b.bfloat16()),
+        "fp16": timed(lambda: ah @ bh),
+        "bf16": timed(lambda: ab @ bb),
     }
     ok = all(torch.isfinite(torch.tensor(losses))) and losses[-1] < losses[0]
     return Finding(
