@@ -50,12 +50,12 @@ def run_labs(
     names: Sequence[str], ctx: Ctx, echo: Callable[[str], None] = print, with_slow: bool = True
 ) -> dict:
     """Run the named labs, echoing each result as it comes. -> the JSON payload."""
+    chosen = [load_lab(name) for name in names]  # unknown names fail before anything runs
     env = environment()
     echo(f"vlastack labs ({'quick' if ctx.quick else 'full'}) | {env_line(env)}")
     echo("The machine may be shared: timings are thread CPU time with 1 thread, interleaved medians.")
     labs, t_all = [], time.perf_counter()
-    for name in names:
-        lab = load_lab(name)
+    for lab in chosen:
         echo(f"\n== {lab.name}: {lab.title} ==")
         t0, results = time.perf_counter(), []
         for check in lab.checks:
@@ -134,6 +134,9 @@ def to_markdown(payload: dict) -> str:
         f"- Machine: {env['cpu']}, {env['cores']} cores, CPU flags `{' '.join(env['cpu_flags'])}`, "
         f"capability `{env['cpu_capability']}`, CUDA: {env['cuda'] or 'none'}",
         f"- torch {env['torch']}, Python {env['python']}, {env['date']}, load average {env['load_avg']}",
+        "- Optional packages: "
+        + ", ".join(f"{k} {v or 'not installed'}" for k, v in env.get("optional", {}).items())
+        + (" (checks that need a missing package or CUDA are listed as skipped, with the reason)"),
         f"- Mode: {payload['mode']}. {payload['note']}",
         f"- Result: {t['ok']} ok, {t['FAIL']} failed, {t['report']} reported (not asserted), "
         f"{t['skip']} skipped, in {payload['seconds']} s.",
