@@ -24,6 +24,7 @@ from torch.utils.data import default_collate
 
 from vlastack.batch import Batch, to_device, validate_batch
 from vlastack.config import Config, save_yaml
+from vlastack.data.check import check_training_data
 from vlastack.diagnostics.memory import peak_memory_mb
 from vlastack.fileio import load_safetensors
 from vlastack.models.vla import VLA, build_model
@@ -102,7 +103,7 @@ class Trainer:
             from vlastack.data.samples import make_dataset
 
             dataset = make_dataset(replace(cfg, data=replace(cfg.data, streaming=False)), data_path)
-        self.warnings = check_dataset_fits(dataset, cfg)
+        self.warnings = check_training_data(dataset) + check_dataset_fits(dataset, cfg)  # NaN, bad stats
         self.normalizer = getattr(dataset, "normalizer", None)
         if t.preload and not isinstance(dataset, MemoryDataset):
             dataset = MemoryDataset(dataset, num_workers=cfg.data.num_workers)
