@@ -20,9 +20,7 @@ def test_kill9_after_ema_folder_exists_then_resume_bit_exact(tmp_path, reference
     assert not list((tmp_path / "run-export_ema-kill" / "checkpoints").glob(".tmp-*"))  # swept
 
 
-@pytest.mark.parametrize(
-    ("point", "action"), [pytest.param("export_ema", "sigint", marks=pytest.mark.slow), ("state", "enospc")]
-)
+@pytest.mark.parametrize(("point", "action"), [("export_ema", "sigint"), ("state", "enospc")])
 def test_ctrl_c_or_full_disk_in_save_then_resume_bit_exact(tmp_path, reference, point, action):
     """Ctrl-C (a real SIGINT) or ENOSPC mid-save; with ENOSPC the last metrics line is also torn."""
     t = trials.in_process_fault_trial(tmp_path, reference, point, action)

@@ -30,7 +30,10 @@ from safetensors.torch import load_file
 
 from tests.faults.helpers import PY, ROOT
 
-TRAIN_OV = ("train.steps=3", "train.save_every=1", "train.keep_last=3", "train.ema_decay=0.9", "train.preload=true")
+TRAIN_OV = (
+    "train.steps=3", "train.save_every=1", "train.keep_last=3", "train.ema_decay=0.9", "train.preload=true",
+    "train.num_threads=1",  # one thread: no spin-waiting on a shared 2-core machine
+)  # fmt: skip
 FAULT_STEP = 2  # the save that is interrupted
 POINTS = ("export_ema", "state", "commit", "latest")  # where in the save the fault hits
 
