@@ -40,7 +40,9 @@ def ckpt_run(tmp_path_factory, small_dataset) -> Path:
     return run
 
 
-def micro_policy(path: Path, nan: bool = False, state_dim: int | None = None, action_dim: int | None = None) -> Path:
+def micro_policy(
+    path: Path, nan: bool = False, state_dim: int | None = None, action_dim: int | None = None
+) -> Path:
     """The tiny policy of tests/infer (with EMA weights), optionally with every weight NaN."""
     from tests.infer.conftest import micro_config
     from vlastack.data.stats import Normalizer

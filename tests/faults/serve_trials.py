@@ -35,7 +35,9 @@ def act_body(seed: int = 0) -> bytes:
     obs = make_obs(seed)
     img = obs["images"]["scene"]
     scene = {"b64": base64.b64encode(img.tobytes()).decode(), "dtype": "uint8", "shape": list(img.shape)}
-    return json.dumps({"images": {"scene": scene}, "state": obs["state"].tolist(), "prompt": obs["prompt"]}).encode()
+    return json.dumps(
+        {"images": {"scene": scene}, "state": obs["state"].tolist(), "prompt": obs["prompt"]}
+    ).encode()
 
 
 def post_act(port: int, body: bytes, timeout: float = 60) -> tuple[int, bytes]:
@@ -87,8 +89,18 @@ def nan_http_trial(srv: Any) -> Trial:
     except ValueError:
         reply = {}
     counted = metric(srv, 'vla_errors_total{reason="non_finite_output"}') - before
-    ok = status == 500 and "non-finite" in str(reply.get("error", "")) and "actions" not in reply and counted == 1
-    return Trial("nan_output_http", ok, dt, {"status": status, "reply": raw[:200].decode("latin-1"), "counted": counted})
+    ok = (
+        status == 500
+        and "non-finite" in str(reply.get("error", ""))
+        and "actions" not in reply
+        and counted == 1
+    )
+    return Trial(
+        "nan_output_http",
+        ok,
+        dt,
+        {"status": status, "reply": raw[:200].decode("latin-1"), "counted": counted},
+    )
 
 
 def nan_ws_trial(srv: Any) -> Trial:
@@ -152,7 +164,9 @@ def concurrent_ws_trial(srv: Any, n: int = 50) -> Trial:
 
     out, dt = _burst(n, one)
     errors = [f"{type(r).__name__}: {r}"[:80] for r in out if r is not True]
-    return Trial("concurrent_ws_50", not errors, dt, {"served": sum(r is True for r in out), "errors": errors[:5]})
+    return Trial(
+        "concurrent_ws_50", not errors, dt, {"served": sum(r is True for r in out), "errors": errors[:5]}
+    )
 
 
 # ----------------------------------------------------------------------------- a client that vanishes
@@ -182,7 +196,9 @@ def disconnect_mid_post_trial(srv: Any) -> Trial:
     with capture_server_output() as buf:
         t0 = time.perf_counter()
         s = socket.create_connection((HOST, srv.http_port))
-        s.sendall(f"POST /act HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body[:100])
+        s.sendall(
+            f"POST /act HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body[:100]
+        )
         s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")  # RST on close
         s.close()
         time.sleep(0.5)

@@ -117,7 +117,9 @@ def inject(point: str, action: str, step: int = FAULT_STEP) -> Iterator[None]:
     patches = {
         # the EMA copy is exported after ``ema/`` exists: the case that blocked --resume
         "export_ema": mock.patch.object(
-            VLA, "save_pretrained", wrap(VLA.save_pretrained, lambda self, p, *a, **k: str(p).endswith(f"{tag}/ema"))
+            VLA,
+            "save_pretrained",
+            wrap(VLA.save_pretrained, lambda self, p, *a, **k: str(p).endswith(f"{tag}/ema")),
         ),
         "state": mock.patch.object(st, "save_file", wrap(st.save_file, lambda t, p, *a, **k: tag in str(p))),
         "commit": mock.patch.object(ck, "fsync_tree", wrap(ck.fsync_tree, lambda p: tag in str(p))),
@@ -179,7 +181,9 @@ def in_process_fault_trial(tmp: Path, reference: dict, point: str, action: str) 
         ok, err = bool(raised) and same(outcome(run), reference), ""
     except Exception as e:
         ok, err = False, f"{type(e).__name__}: {e}"
-    return Trial(f"{action}_in_save", ok, time.perf_counter() - t0, {"point": point, "raised": raised, "error": err})
+    return Trial(
+        f"{action}_in_save", ok, time.perf_counter() - t0, {"point": point, "raised": raised, "error": err}
+    )
 
 
 # ----------------------------------------------------------------------------- CLI: bad files
@@ -241,7 +245,12 @@ def bad_file_trial(kind: str, how: str, make: Callable[[Path], tuple[list[str], 
     t0 = time.perf_counter()
     rc, err = cli(argv)
     dt = time.perf_counter() - t0
-    return Trial(f"bad_file:{kind}", one_line_error(rc, err, target.name), dt, {"how": how, "rc": rc, "stderr": err[-400:]})
+    return Trial(
+        f"bad_file:{kind}",
+        one_line_error(rc, err, target.name),
+        dt,
+        {"how": how, "rc": rc, "stderr": err[-400:]},
+    )
 
 
 def copy_tree(src: Path, dst: Path) -> Path:
