@@ -68,8 +68,7 @@ def _check_stats(ds) -> list[Finding]:
                     )
                 )
         g = {k: np.asarray(v, dtype=np.float64).reshape(-1) for k, v in st.items() if k in STAT_ARRAYS}
-        if any(v.size != n for v in g.values()):
-            continue
+        g = {k: v for k, v in g.items() if v.size == n}  # wrong lengths are reported above
         with np.errstate(invalid="ignore"):
             if "std" in g and (g["std"] < 0).any():
                 out.append(Finding("error", key, f"meta/stats.json std is negative: {g['std'].tolist()}"))
