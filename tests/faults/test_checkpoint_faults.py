@@ -69,3 +69,24 @@ def test_garbage_latest_pointer_falls_back_to_the_newest_folder(tmp_path):
 def test_every_save_point_kill_and_ctrl_c(tmp_path, reference, point, action):
     t = trials.kill_in_save_trial(tmp_path, reference, point, action)
     assert t.ok, t.detail
+
+
+@pytest.fixture(scope="module")
+def cli_reference(tmp_path_factory, small_dataset):
+    return trials.cli_reference(small_dataset, tmp_path_factory.mktemp("cli-ref") / "run")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", range(3))
+def test_kill9_at_a_random_moment_then_resume_bit_exact(tmp_path, small_dataset, cli_reference, seed):
+    ref, window = cli_reference
+    t = trials.random_kill_trial(small_dataset, tmp_path / "run", ref, window, seed)
+    assert t.ok, t.detail
+
+
+@pytest.mark.slow
+def test_real_full_disk_on_tmpfs(tmp_path, small_dataset, cli_reference):
+    t = trials.tmpfs_enospc_trial(small_dataset, tmp_path, cli_reference[0])
+    if t is None:
+        pytest.skip("cannot mount a tmpfs here")
+    assert t.ok, t.detail

@@ -30,7 +30,9 @@ def test_nan_and_inf_are_reported_by_key_and_episode(clean, tmp_path):
     set_value(ds, "action", episode=2, frame=3, dim=0, value=np.nan)
     set_value(ds, "observation.state", episode=0, frame=0, dim=4, value=np.inf)
     found = {f.key: f for f in check_dataset(ds) if f.level == "error"}
-    assert found["action"].episodes == (1, 2) and "first at episode 1 frame 5, dims [2]" in str(found["action"])
+    assert found["action"].episodes == (1, 2) and "first at episode 1 frame 5, dims [2]" in str(
+        found["action"]
+    )
     assert found["observation.state"].episodes == (0,) and "dims [4]" in found["observation.state"].message
 
 

@@ -263,3 +263,122 @@ def copy_tree(src: Path, dst: Path) -> Path:
 if __name__ == "__main__":
     sys.path.insert(0, str(ROOT))
     child_main(sys.argv[1:])
+
+
+# ----------------------------------------------------------------------------- real `vla train` processes
+
+
+def cli_train_args(dataset: Path, run: Path, steps: int) -> list[str]:
+    from tests.faults.cli_trials import CLI_TRAIN
+
+    return ["train", "--data", str(dataset), "--out", str(run), *CLI_TRAIN, f"train.steps={steps}"]
+
+
+def vla_proc(argv: list[str], **kw: Any) -> subprocess.Popen:
+    env = dict(os.environ, PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1")
+    env.pop("VLA_DEBUG", None)
+    return subprocess.Popen(
+        [PY, "-m", "vlastack.cli", *argv],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        **kw,
+    )
+
+
+def cli_reference(dataset: Path, run: Path, steps: int = 6) -> tuple[dict, float]:
+    """An uninterrupted `vla train` run: its outcome, and the seconds from its first step to exit."""
+    proc = vla_proc(cli_train_args(dataset, run, steps))
+    t_first = None
+    for line in proc.stdout:
+        if t_first is None and f"/{steps} loss" in line:
+            t_first = time.perf_counter()
+    rc = proc.wait()
+    assert rc == 0, proc.stderr.read()
+    return outcome(run), time.perf_counter() - (t_first or time.perf_counter())
+
+
+def random_kill_trial(
+    dataset: Path, run: Path, reference: dict, window_s: float, seed: int, steps: int = 6
+) -> Trial:
+    """SIGKILL `vla train` at a random moment after its first step (uniform over the reference's
+    training time, saves included), then `vla train --resume` until done: bit-exact with the reference."""
+    import random
+
+    rng = random.Random(seed)
+    proc = vla_proc(cli_train_args(dataset, run, steps))
+    for line in proc.stdout:
+        if f"/{steps} loss" in line:
+            break
+    delay = rng.uniform(0, window_s)
+    time.sleep(delay)
+    killed = proc.poll() is None
+    proc.kill()
+    proc.wait()
+    proc.stdout.close()
+    proc.stderr.close()
+    ck_root = run / "checkpoints"
+    stale = sorted(p.name for p in ck_root.glob(".tmp-*")) if ck_root.exists() else []
+    latest = (ck_root / "latest").read_text().strip() if (ck_root / "latest").exists() else None
+    t0 = time.perf_counter()
+    args = cli_train_args(dataset, run, steps) + (["--resume"] if latest else [])
+    r = subprocess.run([PY, "-m", "vlastack.cli", *args], env=dict(os.environ, PYTHONPATH=str(ROOT)),
+                       capture_output=True, text=True, timeout=600)  # fmt: skip
+    dt = time.perf_counter() - t0
+    ok = r.returncode == 0 and same(outcome(run), reference)
+    detail = {
+        "delay_s": round(delay, 3),
+        "killed": killed,
+        "latest": latest,
+        "stale": stale,
+        "rc": r.returncode,
+    }
+    if r.returncode:
+        detail["stderr"] = r.stderr[-400:]
+    return Trial("kill9_random", ok, dt, detail)
+
+
+def tmpfs_enospc_trial(dataset: Path, tmp: Path, reference: dict, steps: int = 6) -> Trial | None:
+    """A real full disk: the run folder on a tmpfs that holds one checkpoint. `vla train` must stop
+    with one line at the second save; with space added, `--resume` ends bit-exact. None if tmpfs
+    cannot be mounted here (not root, or no mount permission)."""
+    mnt = tmp / "tmpfs"
+    mnt.mkdir(parents=True, exist_ok=True)
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", str(mnt)], capture_output=True)
+    if r.returncode:
+        return None
+    try:
+        # size of one step: measure a 1-step run on the tmpfs itself
+        one = mnt / "one"
+        r1 = subprocess.run([PY, "-m", "vlastack.cli", *cli_train_args(dataset, one, 1)],
+                            env=dict(os.environ, PYTHONPATH=str(ROOT)), capture_output=True, text=True)  # fmt: skip
+        assert r1.returncode == 0, r1.stderr
+        used = sum(p.stat().st_size for p in one.rglob("*") if p.is_file())
+        ckpt = sum(p.stat().st_size for p in (one / "checkpoints" / "step_0000001").rglob("*") if p.is_file())
+        shutil.rmtree(one)
+        size_kb = (used + ckpt // 2) // 1024  # the first checkpoint (and logs) fit, the second does not
+        subprocess.run(["mount", "-o", f"remount,size={size_kb}k", str(mnt)], check=True)
+        run = mnt / "run"
+        t0 = time.perf_counter()
+        r2 = subprocess.run([PY, "-m", "vlastack.cli", *cli_train_args(dataset, run, steps)],
+                            env=dict(os.environ, PYTHONPATH=str(ROOT)), capture_output=True, text=True)  # fmt: skip
+        err_lines = [ln for ln in r2.stderr.splitlines() if ln.strip() and not ln.startswith("warning")]
+        one_line = r2.returncode == 1 and "Traceback" not in r2.stderr and len(err_lines) == 1
+        one_line = one_line and err_lines[0].startswith("error: no space left on device")
+        subprocess.run(["mount", "-o", "remount,size=256m", str(mnt)], check=True)  # space freed
+        r3 = subprocess.run([PY, "-m", "vlastack.cli", *cli_train_args(dataset, run, steps), "--resume"],
+                            env=dict(os.environ, PYTHONPATH=str(ROOT)), capture_output=True, text=True)  # fmt: skip
+        dt = time.perf_counter() - t0
+        ok = one_line and r3.returncode == 0 and same(outcome(run), reference)
+        detail = {
+            "size_kb": size_kb,
+            "rc_full": r2.returncode,
+            "stderr_full": r2.stderr[-300:],
+            "rc_resume": r3.returncode,
+        }
+        if r3.returncode:
+            detail["stderr_resume"] = r3.stderr[-300:]
+        return Trial("enospc_tmpfs", ok, dt, detail)
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
