@@ -298,9 +298,9 @@ def start_cli_server(policy_dir: Path, *extra: str) -> tuple[subprocess.Popen, i
 
 
 def sigterm_under_load_trial(policy_dir: Path, clients: int = 8) -> Trial:
-    """``vla serve`` gets SIGTERM while clients keep sending: every request that reached the server
-    gets a reply (200, or 503 while draining); afterwards connections are refused, never reset
-    half-way; the process exits 0."""
+    """``vla serve`` gets SIGTERM while clients keep sending (on fresh connections, backing off 20 ms
+    after a 503): every request that reached the server gets a reply (200, or 503 while draining);
+    afterwards connections are refused, never reset half-way; the process exits 0."""
     proc, _, hport = start_cli_server(policy_dir)
     stop = threading.Event()
     results: list[str] = []
@@ -319,6 +319,8 @@ def sigterm_under_load_trial(policy_dir: Path, clients: int = 8) -> Trial:
                 results.append(r)
             if r == "refused":
                 return
+            if r == "503":  # a client that honours "shutting down" backs off before retrying
+                time.sleep(0.02)
 
     threads = [threading.Thread(target=client, args=(i,), daemon=True) for i in range(clients)]
     for t in threads:

@@ -145,6 +145,40 @@ class _HTTPServer(ThreadingHTTPServer):
     request_queue_size = 256
     daemon_threads = True
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.open_connections, self.count_lock = 0, threading.Lock()
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        with self.count_lock:
+            self.open_connections += 1
+        super().process_request(request, client_address)
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            with self.count_lock:
+                self.open_connections -= 1
+
+    def close_answering_pending(self, wait_s: float) -> None:
+        """Stop listening, after answering (503 while draining) the connections already waiting in
+        the accept backlog (closing a listener resets those: to a client, no reply). Then wait up to
+        ``wait_s`` for open connections to finish, so no reply is cut off when the process exits
+        (every reply while draining closes its connection; only idle keep-alive ones can wait)."""
+        self.socket.setblocking(False)
+        while True:
+            try:
+                request, addr = self.socket.accept()
+            except OSError:  # BlockingIOError: the backlog is empty
+                break
+            request.setblocking(True)
+            self.process_request(request, addr)
+        self.server_close()
+        deadline = time.monotonic() + wait_s
+        while self.open_connections > 0 and time.monotonic() < deadline:
+            time.sleep(0.01)
+
     def handle_error(self, request: Any, client_address: Any) -> None:
         exc = sys.exc_info()[1]
         if isinstance(exc, ConnectionError | TimeoutError):
@@ -285,10 +319,9 @@ class PolicyServer:
             server.server.close()
             if httpd is not None:
                 await asyncio.get_running_loop().run_in_executor(None, httpd.shutdown)
+                await asyncio.get_running_loop().run_in_executor(None, httpd.close_answering_pending, 5.0)
             server.close()
         await asyncio.get_running_loop().run_in_executor(None, self.batcher.close)
-        if httpd is not None:
-            httpd.server_close()
 
 
 def _make_http_handler(srv: PolicyServer) -> type[BaseHTTPRequestHandler]:
