@@ -11,8 +11,8 @@ Checks a LeRobot v3 dataset for
   i.e. stats that were computed for other data.
 
 Cost: the reader already holds every low-dimensional column in memory, so the scan is one
-vectorised pass over them (milliseconds for thousands of frames, about a second per ten million
-values); images and video frames are uint8 and are not decoded. ``vla train`` therefore runs the
+vectorised pass over them (0.01 s for the test datasets; 0.5-0.6 s for two 32-float features over a
+million frames, measured on a shared 2-core CPU); images and video frames are uint8 and are not decoded. ``vla train`` therefore runs the
 full check once at start (``check_training_data``) and refuses to train on errors.
 """
 
@@ -113,19 +113,19 @@ def _check_columns(ds) -> list[Finding]:
             hi = np.asarray(st["max"], dtype=np.float64).reshape(-1)
             if lo.size != flat.shape[1] or hi.size != flat.shape[1]:
                 continue  # reported by _check_stats
-            x = np.where(finite, flat, np.nan).astype(np.float64)
+            x = flat if not bad_rows.any() else np.where(finite, flat, np.nan)
             tol = 1e-4 * (np.abs(hi - lo) + 1.0)
-            with np.errstate(invalid="ignore"):
-                outside = (x < lo - tol) | (x > hi + tol)
-            if outside.any():
-                rows = outside.any(1)
+            dmin, dmax = np.nanmin(x, 0).astype(np.float64), np.nanmax(x, 0).astype(np.float64)
+            if (dmin < lo - tol).any() or (dmax > hi + tol).any():  # only then find the frames
+                with np.errstate(invalid="ignore"):
+                    rows = ((x < lo - tol) | (x > hi + tol)).any(1)
                 eps = np.unique(ds.ep_of[rows])
                 out.append(
                     Finding(
                         "warning",
                         key,
                         f"{int(rows.sum())} frames lie outside meta/stats.json [min, max] "
-                        f"(data {np.nanmin(x):.4g}..{np.nanmax(x):.4g}): the stats were computed on other "
+                        f"(data {dmin.min():.4g}..{dmax.max():.4g}): the stats were computed on other "
                         "data; recompute them",
                         tuple(int(e) for e in ep_index[eps]),
                     )
