@@ -18,8 +18,11 @@ class BadFileError(ValueError):
     """A file exists but cannot be parsed: truncated, corrupt, or not the format its name says."""
 
     def __init__(self, path: str | Path, what: str, detail: str) -> None:
-        self.path = Path(path)
+        self.path, self.what, self.detail = Path(path), what, detail
         super().__init__(f"{path}: {what} ({detail})"[:600])
+
+    def __reduce__(self) -> tuple:  # picklable: evaluation workers send their errors back
+        return (type(self), (str(self.path), self.what, self.detail))
 
 
 def read_json(path: str | Path) -> Any:

@@ -121,6 +121,7 @@ class Batcher:
                 try:  # the one check every reply passes: no NaN/inf is ever sent as an action
                     fut.set_result((_finite_or_raise(results[i]), timing))
                 except NonFiniteOutput as e:
+                    log.warning("request refused: %s", e)
                     fut.set_exception(e)
 
     def close(self) -> None:
