@@ -7,8 +7,6 @@ checkpoints, a LeRobot dataset, a PaliGemma folder); every case copies what it b
 
 from __future__ import annotations
 
-import shutil
-import subprocess
 import time
 from collections.abc import Callable
 from functools import cached_property
@@ -232,7 +230,3 @@ def old_python_trial() -> Trial:
         rc, err = cli(["info"])
     ok = rc == 2 and err.startswith("error: vlastack needs Python 3.11 or newer; this is 3.9")
     return Trial("unsupported_python", ok, time.perf_counter() - t0, {"rc": rc, "stderr": err[-300:]})
-
-
-def subprocess_ok() -> bool:
-    return shutil.which("true") is not None and subprocess.run(["true"]).returncode == 0

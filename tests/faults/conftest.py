@@ -9,13 +9,7 @@ import pytest
 import torch
 
 from tests.faults.helpers import write_small_dataset
-from tests.faults.trials import TRAIN_OV, cli, outcome, run_training
-
-CLI_TRAIN = [
-    "model.vision.depth=1", "model.vlm.depth=1", "model.expert.depth=1", "model.vision.image_size=16",
-    "model.max_text_len=8", "model.action_horizon=4", "eval.steps_per_chunk=4", "train.batch_size=4",
-    "train.log_every=1", "train.warmup_steps=2", "data.num_workers=0", "train.num_threads=2", *TRAIN_OV,
-]  # fmt: skip
+from tests.faults.trials import outcome, run_training
 
 
 @pytest.fixture(scope="session")
@@ -29,15 +23,6 @@ def reference(tmp_path_factory) -> dict:
 @pytest.fixture(scope="session")
 def small_dataset(tmp_path_factory) -> Path:
     return write_small_dataset(tmp_path_factory.mktemp("data") / "ds")
-
-
-@pytest.fixture(scope="session")
-def ckpt_run(tmp_path_factory, small_dataset) -> Path:
-    """A `vla train` run folder with one complete checkpoint (step 2)."""
-    run = tmp_path_factory.mktemp("ckpt") / "run"
-    rc, err = cli(["train", "--data", str(small_dataset), "--out", str(run), *CLI_TRAIN, "train.steps=2"])
-    assert rc == 0, err
-    return run
 
 
 def micro_policy(

@@ -236,23 +236,6 @@ def corrupt(path: Path, how: str) -> None:
         raise AssertionError(how)
 
 
-def bad_file_trial(kind: str, how: str, make: Callable[[Path], tuple[list[str], Path]], tmp: Path) -> Trial:
-    """``make(folder)`` builds valid inputs and returns (argv, file to break); the file is broken
-    with ``how`` and ``vla ARGV`` must answer with one line naming it."""
-    folder = tmp / f"{kind}-{how}"
-    argv, target = make(folder)
-    corrupt(target, how)
-    t0 = time.perf_counter()
-    rc, err = cli(argv)
-    dt = time.perf_counter() - t0
-    return Trial(
-        f"bad_file:{kind}",
-        one_line_error(rc, err, target.name),
-        dt,
-        {"how": how, "rc": rc, "stderr": err[-400:]},
-    )
-
-
 def copy_tree(src: Path, dst: Path) -> Path:
     if dst.exists():
         shutil.rmtree(dst)
