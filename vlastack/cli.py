@@ -74,6 +74,10 @@ def main(argv: list[str] | None = None) -> int:
         if known is None or args.traceback or os.environ.get("VLA_DEBUG", "") not in ("", "0"):
             raise
         print(f"error: {known[0]}", file=sys.stderr)
+        if argv is None:  # the process is about to exit (not a caller of main())
+            # Objects half-built by the failed command (a MuJoCo renderer without a GL context)
+            # complain while collected at exit: the line above already said what went wrong.
+            sys.unraisablehook = lambda unraisable: None
         return known[1]
     return int(rc or 0)
 
