@@ -271,15 +271,18 @@ def vla_proc(argv: list[str], **kw: Any) -> subprocess.Popen:
 
 
 def cli_reference(dataset: Path, run: Path, steps: int = 6) -> tuple[dict, float]:
-    """An uninterrupted `vla train` run: its outcome, and the seconds from its first step to exit."""
+    """An uninterrupted `vla train` run: its outcome, and the seconds from its first step to its
+    ``done:`` line (the window in which a kill can interrupt training or a save)."""
     proc = vla_proc(cli_train_args(dataset, run, steps))
-    t_first = None
+    t_first = t_done = None
     for line in proc.stdout:
         if t_first is None and f"/{steps} loss" in line:
             t_first = time.perf_counter()
+        if line.startswith("done:"):
+            t_done = time.perf_counter()
     rc = proc.wait()
     assert rc == 0, proc.stderr.read()
-    return outcome(run), time.perf_counter() - (t_first or time.perf_counter())
+    return outcome(run), (t_done or time.perf_counter()) - (t_first or time.perf_counter())
 
 
 def random_kill_trial(
