@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 # Modules that add subcommands. Imported lazily so `vla --help` stays fast.
@@ -50,16 +51,35 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    if sys.version_info < (3, 11):  # noqa: UP036 - a checkout run by another python skips pip's check
+        v = sys.version_info
+        print(f"error: vlastack needs Python 3.11 or newer; this is {v[0]}.{v[1]} ({sys.executable})",
+              file=sys.stderr)  # fmt: skip
+        return 2
     parser = build_parser()
+    parser.add_argument(
+        "--traceback", action="store_true", help="show the full traceback of an error (or VLA_DEBUG=1)"
+    )
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
     try:
         rc = args.func(args)
-    except ValueError as e:  # user mistakes: print the message, not a traceback
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    except (Exception, KeyboardInterrupt) as e:
+        # Known errors (bad or missing files, invalid values, a full disk, ...) become one line;
+        # anything else is a bug and keeps its traceback.
+        from vlastack.errors import explain
+
+        known = explain(e)
+        if known is None or args.traceback or os.environ.get("VLA_DEBUG", "") not in ("", "0"):
+            raise
+        print(f"error: {known[0]}", file=sys.stderr)
+        if argv is None:  # the process is about to exit (not a caller of main())
+            # Objects half-built by the failed command (a MuJoCo renderer without a GL context)
+            # complain while collected at exit: the line above already said what went wrong.
+            sys.unraisablehook = lambda unraisable: None
+        return known[1]
     return int(rc or 0)
 
 

@@ -562,7 +562,11 @@ def save_yaml(cfg: Config, path: str | Path) -> None:
 
 
 def load_yaml(path: str | Path, base: Config | None = None) -> Config:
-    data = yaml.safe_load(Path(path).read_text()) or {}
+    from vlastack.fileio import read_yaml
+
+    data = read_yaml(path) or {}
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: a config YAML must be a mapping of sections, got {type(data).__name__}")
     return from_dict(data, base)
 
 

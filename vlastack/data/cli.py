@@ -77,8 +77,28 @@ def cmd_convert(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_check(args: argparse.Namespace) -> int:
+    import time
+
+    from vlastack.data.check import check_dataset
+
+    t0 = time.perf_counter()
+    found = check_dataset(args.path)
+    for f in found:
+        print(f)
+    n_err = sum(f.level == "error" for f in found)
+    verdict = "FAILED" if n_err else "ok"
+    print(
+        f"{args.path}: {verdict}: {n_err} errors, {len(found) - n_err} warnings ({time.perf_counter() - t0:.1f}s)"
+    )
+    return 1 if n_err else 0
+
+
 def register(sub, groups) -> None:
     g = groups["data"]
+    p = g.add_parser("check", help="find NaN/inf values, bad stats and shape mismatches (by key, episode)")
+    p.add_argument("path")
+    p.set_defaults(func=cmd_check)
     p = g.add_parser("info", help="summary of a LeRobot v3 dataset")
     p.add_argument("path")
     p.set_defaults(func=cmd_info)

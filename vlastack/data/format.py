@@ -15,6 +15,8 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from vlastack.fileio import read_json
+
 CODEBASE_VERSION = "v3.0"
 CHUNKS_SIZE = 1000
 DATA_FILE_SIZE_MB = 100
@@ -122,10 +124,7 @@ def load_info(root: Path) -> dict[str, Any]:
     p = root / INFO_PATH
     if not p.is_file():
         raise ValueError(f"{root}: not a LeRobot dataset ({INFO_PATH} is missing)")
-    try:
-        info = json.loads(p.read_text())
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{p}: invalid JSON ({e})") from None
+    info = read_json(p)  # a BadFileError (ValueError) naming the file
     version = str(info.get("codebase_version", ""))
     if not version.startswith("v3"):
         raise ValueError(f"{p}: codebase_version {version!r} is not supported (need v3.x)")

@@ -25,6 +25,7 @@ import pyarrow as pa
 from vlastack.data import format as fmt
 from vlastack.data.stats import stats_from_json
 from vlastack.data.video import VideoReader
+from vlastack.fileio import read_json
 
 
 def decode_image_bytes(data: bytes, size: tuple[int, int] | None = None) -> np.ndarray:
@@ -68,7 +69,7 @@ class LeRobotDataset:
         tasks = fmt.read_parquet(self.root / fmt.TASKS_PATH)
         self.tasks = self._task_list(tasks)
         sp = self.root / fmt.STATS_PATH
-        self.stats = stats_from_json(json.loads(sp.read_text())) if sp.is_file() else {}
+        self.stats = stats_from_json(read_json(sp)) if sp.is_file() else {}
         self.all_episodes = self._load_episodes()
         if episodes is None:
             episodes = [int(e["episode_index"]) for e in self.all_episodes]

@@ -22,6 +22,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from vlastack.fileio import read_json
+
 QUANTILES = {"q01": 0.01, "q10": 0.10, "q50": 0.50, "q90": 0.90, "q99": 0.99}
 MODES = ("mean_std", "min_max", "quantiles", "identity")
 EPS = 1e-8
@@ -207,4 +209,4 @@ class Normalizer:
 
     @classmethod
     def load(cls, path: str | Path) -> Normalizer:
-        return cls.from_dict(json.loads(Path(path).read_text()))
+        return cls.from_dict(read_json(path))

@@ -9,6 +9,13 @@ over ``max_message_bytes`` closes the connection (code 1009).
 HTTP (``http_port``, default ``port + 1``; ``GET`` also answers on the websocket port):
 ``POST /act`` (JSON observation -> JSON actions), ``GET /healthz``, ``GET /metrics`` (Prometheus).
 
+Every reply, on either transport, comes out of ``Batcher``: a policy output with a NaN or inf is
+never sent as actions. Its request fails with ``NonFiniteOutput`` (HTTP 500 ``{"error": ...}``, a
+websocket ``error:`` text frame; metric ``vla_errors_total{reason="non_finite_output"}``). On
+SIGTERM the server drains: both listeners stay open until in-flight requests finish (or
+``drain_timeout_s``), and what arrives meanwhile gets a reply (HTTP 503, websocket 503 at the
+handshake or an ``error: ... shutting down`` frame), not a bare close.
+
 All observations go through one ``Batcher`` thread, which runs at most ``max_batch`` of them per
 forward pass: there is never more than one forward pass at a time. With ``token`` set, requests
 need ``Authorization: Bearer <token>`` or ``Authorization: Api-Key <token>`` (what openpi-client
@@ -23,12 +30,14 @@ import hmac
 import json
 import logging
 import queue
+import sys
 import threading
 import time
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+import numpy as np
 from websockets.asyncio.server import ServerConnection, serve
 from websockets.exceptions import ConnectionClosed
 from websockets.http11 import Request, Response
@@ -43,6 +52,23 @@ log = logging.getLogger("vlastack.serve")
 
 class Unavailable(RuntimeError):
     """The server is shutting down or its queue is full."""
+
+
+class NonFiniteOutput(RuntimeError):
+    """The policy produced NaN/inf actions: the request fails, nothing is sent to the robot."""
+
+
+def _finite_or_raise(result: dict) -> dict:
+    """Pass ``result`` through if every float array in it is finite, else raise ``NonFiniteOutput``."""
+    for k, v in result.items():
+        a = np.asarray(v)
+        if a.dtype.kind == "f" and not np.isfinite(a).all():
+            bad = int((~np.isfinite(a)).sum())
+            raise NonFiniteOutput(
+                f"the policy produced {bad} non-finite values (NaN/inf) in '{k}' of shape {list(a.shape)}; "
+                "no actions sent (check the weights, e.g. `vla eval` on this policy)"
+            )
+    return result
 
 
 class Batcher:
@@ -92,12 +118,74 @@ class Batcher:
             self.metrics.batch_size(len(items))
             for i, (_, fut, queued) in enumerate(items):
                 timing = {"infer_ms": infer_ms, "queue_ms": (t0 - queued) * 1e3, "batch_size": len(items)}
-                fut.set_result((results[i], timing))
+                try:  # the one check every reply passes: no NaN/inf is ever sent as an action
+                    fut.set_result((_finite_or_raise(results[i]), timing))
+                except NonFiniteOutput as e:
+                    log.warning("request refused: %s", e)
+                    fut.set_exception(e)
 
     def close(self) -> None:
         """Finish everything queued, then stop the thread."""
         self.q.put(None)
         self.thread.join()
+
+
+def _reason(e: Exception) -> str:
+    """The metric label of a failed request."""
+    if isinstance(e, Unavailable):
+        return "unavailable"
+    if isinstance(e, NonFiniteOutput):
+        return "non_finite_output"
+    return "bad_request"
+
+
+class _HTTPServer(ThreadingHTTPServer):
+    """The HTTP listener: a deep accept backlog (the default of 5 resets bursts of clients) and one
+    log line, not a traceback, for a client that goes away mid-request."""
+
+    request_queue_size = 256
+    daemon_threads = True
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.open_connections, self.count_lock = 0, threading.Lock()
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        with self.count_lock:
+            self.open_connections += 1
+        super().process_request(request, client_address)
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            with self.count_lock:
+                self.open_connections -= 1
+
+    def close_answering_pending(self, wait_s: float) -> None:
+        """Stop listening, after answering (503 while draining) the connections already waiting in
+        the accept backlog (closing a listener resets those: to a client, no reply). Then wait up to
+        ``wait_s`` for open connections to finish, so no reply is cut off when the process exits
+        (every reply while draining closes its connection; only idle keep-alive ones can wait)."""
+        self.socket.setblocking(False)
+        while True:
+            try:
+                request, addr = self.socket.accept()
+            except OSError:  # BlockingIOError: the backlog is empty
+                break
+            request.setblocking(True)
+            self.process_request(request, addr)
+        self.server_close()
+        deadline = time.monotonic() + wait_s
+        while self.open_connections > 0 and time.monotonic() < deadline:
+            time.sleep(0.01)
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        exc = sys.exc_info()[1]
+        if isinstance(exc, ConnectionError | TimeoutError):
+            log.info("http: client %s went away (%s)", client_address[0], type(exc).__name__)
+        else:
+            log.exception("http: error while handling a request from %s", client_address[0])
 
 
 def _authorized(header: str | None, token: str | None) -> bool:
@@ -120,10 +208,12 @@ class PolicyServer:
         max_batch: int = 8,
         max_message_bytes: int = 16 * 2**20,
         drain_timeout_s: float = 30.0,
+        drain_grace_s: float = 0.2,
     ) -> None:
         self.policy, self.host, self.port = policy, host, port
         self.http_port = port + 1 if http_port is None and port else (http_port or 0)
         self.token, self.max_bytes, self.drain_timeout_s = token, max_message_bytes, drain_timeout_s
+        self.drain_grace_s = drain_grace_s
         self.metrics = Metrics()
         self.batcher = Batcher(policy, max_batch, self.metrics)
         self.metadata = policy.metadata | {"max_message_bytes": max_message_bytes, "max_batch": max_batch}
@@ -147,7 +237,12 @@ class PolicyServer:
     def _process_request(self, connection: ServerConnection, request: Request) -> Response | None:
         path = request.path.split("?", 1)[0]
         if path == "/healthz":
+            if self.draining:
+                return connection.respond(HTTPStatus.SERVICE_UNAVAILABLE, "shutting down\n")
             return connection.respond(HTTPStatus.OK, "ok\n")
+        if self.draining:
+            self.metrics.error("unavailable")
+            return connection.respond(HTTPStatus.SERVICE_UNAVAILABLE, "server is shutting down\n")
         if not _authorized(request.headers.get("Authorization"), self.token):
             self.metrics.error("unauthorized")
             return connection.respond(HTTPStatus.UNAUTHORIZED, "missing or wrong API token\n")
@@ -178,8 +273,8 @@ class PolicyServer:
             result, timing = await asyncio.wrap_future(fut)
             await ws.send(packb(self._reply(result, timing, t0)))
             self.metrics.request("ws", "ok", time.perf_counter() - t0)
-        except (WireError, ObsError, Unavailable) as e:
-            reason = "unavailable" if isinstance(e, Unavailable) else "bad_request"
+        except (WireError, ObsError, Unavailable, NonFiniteOutput) as e:
+            reason = _reason(e)
             self.metrics.request("ws", reason)
             self.metrics.error(reason)
             await ws.send(f"error: {e}")
@@ -209,25 +304,25 @@ class PolicyServer:
         ) as server:
             self.port = server.sockets[0].getsockname()[1]
             if self.http_port >= 0:
-                httpd = ThreadingHTTPServer((self.host, self.http_port), _make_http_handler(self))
-                httpd.daemon_threads = True
+                httpd = _HTTPServer((self.host, self.http_port), _make_http_handler(self))
                 self.http_port = httpd.server_address[1]
                 threading.Thread(target=httpd.serve_forever, name="vla-http", daemon=True).start()
             log.info("serving ws://%s:%d (HTTP on %d)", self.host, self.port, self.http_port)
             self.ready.set()
             await stop.wait()
+            # Drain: both listeners stay open, so what arrives now gets a reply (503 / an error
+            # frame) instead of a reset, until the in-flight requests have their answers.
             self.draining = True
-            server.server.close()  # stop accepting; open connections still get their replies
-            if httpd is not None:
-                # Stops accepting; running handlers finish on their own threads.
-                await asyncio.get_running_loop().run_in_executor(None, httpd.shutdown)
             deadline = time.monotonic() + self.drain_timeout_s
             while self.metrics.in_flight > 0 and time.monotonic() < deadline:
                 await asyncio.sleep(0.01)
+            await asyncio.sleep(self.drain_grace_s)  # replies on their way out; late arrivals answered
+            server.server.close()
+            if httpd is not None:
+                await asyncio.get_running_loop().run_in_executor(None, httpd.shutdown)
+                await asyncio.get_running_loop().run_in_executor(None, httpd.close_answering_pending, 5.0)
             server.close()
         await asyncio.get_running_loop().run_in_executor(None, self.batcher.close)
-        if httpd is not None:
-            httpd.server_close()
 
 
 def _make_http_handler(srv: PolicyServer) -> type[BaseHTTPRequestHandler]:
@@ -239,9 +334,13 @@ def _make_http_handler(srv: PolicyServer) -> type[BaseHTTPRequestHandler]:
             log.debug("http: " + fmt, *args)
 
         def _send(self, status: int, body: bytes, ctype: str = "application/json") -> None:
+            if srv.draining:  # tell keep-alive clients to reconnect elsewhere
+                self.close_connection = True
             self.send_response(status)
             self.send_header("Content-Type", ctype)
             self.send_header("Content-Length", str(len(body)))
+            if self.close_connection:
+                self.send_header("Connection", "close")
             self.end_headers()
             self.wfile.write(body)
 
@@ -253,6 +352,8 @@ def _make_http_handler(srv: PolicyServer) -> type[BaseHTTPRequestHandler]:
         def do_GET(self) -> None:
             path = self.path.split("?", 1)[0]
             if path == "/healthz":
+                if srv.draining:
+                    return self._send(503, b"shutting down\n", "text/plain")
                 return self._send(200, b"ok\n", "text/plain")
             if not _authorized(self.headers.get("Authorization"), srv.token):
                 return self._error(401, "missing or wrong API token", "unauthorized")
@@ -276,22 +377,32 @@ def _make_http_handler(srv: PolicyServer) -> type[BaseHTTPRequestHandler]:
             if not 0 <= n <= srv.max_bytes:
                 self.close_connection = True  # the body is not read: the stream is unusable
                 return self._error(413, f"body over {srv.max_bytes} bytes", "too_large")
+            body = self.rfile.read(n)
+            if len(body) < n:  # the client went away mid-body: nobody to answer
+                self.close_connection = True
+                srv.metrics.error("client_disconnected")
+                log.info(
+                    "http: client %s disconnected after %d of %d bytes", self.client_address[0], len(body), n
+                )
+                return None
             srv.metrics.add("in_flight", 1)
             try:
-                fut = srv._act(obs_from_json(self.rfile.read(n), srv.max_bytes))
+                fut = srv._act(obs_from_json(body, srv.max_bytes))
                 result, timing = fut.result()
             except (WireError, ObsError) as e:
                 return self._error(400, str(e), "bad_request")
             except Unavailable as e:
                 return self._error(503, str(e), "unavailable")
+            except NonFiniteOutput as e:
+                return self._error(500, str(e), "non_finite_output")
             except Exception as e:
                 log.exception("request failed")
                 return self._error(500, f"internal: {type(e).__name__}: {e}", "internal")
             finally:
                 srv.metrics.add("in_flight", -1)
-            body = srv._reply(result, timing, t0)
-            body["actions"] = body["actions"].tolist()
-            self._send(200, json.dumps(body).encode())
+            reply = srv._reply(result, timing, t0)
+            reply["actions"] = reply["actions"].tolist()
+            self._send(200, json.dumps(reply, allow_nan=False).encode())  # NaN is not JSON
             srv.metrics.request("http", "ok", time.perf_counter() - t0)
 
     return Handler

@@ -15,11 +15,11 @@ from dataclasses import replace
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
 from safetensors.torch import save_file
 from torch import Tensor, nn
 
 from vlastack.config import DecoderConfig, ModelConfig, VisionConfig
+from vlastack.fileio import open_safetensors, read_json, safetensors_read_error
 
 # canonical HF key (regex) -> our key template
 _RULES: list[tuple[str, str]] = [
@@ -81,16 +81,19 @@ def read_safetensors_folder(folder: str | Path) -> dict[str, Tensor]:
     folder = Path(folder)
     index = folder / "model.safetensors.index.json"
     if index.exists():
-        files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        files = sorted(set(read_json(index)["weight_map"].values()))
     elif (folder / "model.safetensors").exists():
         files = ["model.safetensors"]
     else:
         raise ValueError(f"{folder}: no model.safetensors or model.safetensors.index.json")
     out: dict[str, Tensor] = {}
     for name in files:
-        with safe_open(str(folder / name), framework="pt") as f:
-            for k in f.keys():  # noqa: SIM118 - safe_open has no __iter__
-                out[k] = f.get_tensor(k)
+        with open_safetensors(folder / name) as f:
+            try:
+                for k in f.keys():  # noqa: SIM118 - safe_open has no __iter__
+                    out[k] = f.get_tensor(k)
+            except Exception as e:  # a file cut short past its header fails here
+                raise safetensors_read_error(folder / name, e) from None
     return out
 
 
@@ -98,7 +101,7 @@ def config_from_paligemma(folder: str | Path, base: ModelConfig) -> ModelConfig:
     """Read vision/text shapes from an HF PaliGemma ``config.json``; the expert keeps ``base``'s
     width/MLP with heads, KV heads, head dim and depth matched to the VLM; tokenizer = the folder."""
     folder = Path(folder)
-    c = json.loads((folder / "config.json").read_text())
+    c = read_json(folder / "config.json")
     vc, tc = c.get("vision_config", {}), c.get("text_config", {})
     vision = VisionConfig(
         image_size=vc.get("image_size", 224),

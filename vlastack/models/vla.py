@@ -16,11 +16,12 @@ from pathlib import Path
 
 import torch
 from einops import rearrange, repeat
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 from torch import Tensor, nn
 
 from vlastack.batch import Batch
 from vlastack.config import ModelConfig, model_config_from_dict, to_dict
+from vlastack.fileio import load_safetensors, read_json
 from vlastack.models.gemma import JointDecoder
 from vlastack.models.pi0 import FlowHead
 from vlastack.models.siglip import SiglipEncoder, preprocess_images
@@ -135,11 +136,11 @@ class VLA(nn.Module):
             raise ValueError(
                 f"{path} is not a vlastack model folder (needs {CONFIG_NAME} and {WEIGHTS_NAME})"
             )
-        data = json.loads((path / CONFIG_NAME).read_text())
+        data = read_json(path / CONFIG_NAME)
         cfg = model_config_from_dict(data.get("model", data))
         with torch.device("meta"):
             model = cls(cfg)
-        state = load_file(str(path / WEIGHTS_NAME), device=str(device))
+        state = load_safetensors(path / WEIGHTS_NAME, device=str(device))
         if dtype is not None:
             state = {k: v.to(dtype) if v.is_floating_point() else v for k, v in state.items()}
         missing, unexpected = model.load_state_dict(state, strict=False, assign=True)

@@ -13,6 +13,10 @@ Layout of ``<run>/checkpoints/step_0000100/``::
 A checkpoint is written under ``.tmp-step_...``, fsynced, then renamed; ``checkpoints/latest``
 (a text file with the folder name) is replaced atomically afterwards, so a crash at any point
 leaves the previous checkpoint intact. ``<run>/final`` holds the last step's exported policy.
+
+A crash (kill -9, Ctrl-C, a full disk) mid-save leaves temporary folders behind. ``begin`` always
+starts a checkpoint from an empty temporary folder, and ``sweep`` (run when training starts)
+deletes every leftover, so an interrupted save never blocks ``--resume`` or holds disk space.
 """
 
 from __future__ import annotations
@@ -38,6 +42,32 @@ def checkpoint_root(run_dir: str | Path) -> Path:
 
 def tmp_dir(run_dir: str | Path, step: int) -> Path:
     return checkpoint_root(run_dir) / f".tmp-{step_name(step)}"
+
+
+def begin(run_dir: str | Path, step: int) -> Path:
+    """An empty temporary folder for checkpoint ``step`` (a leftover from a killed save is removed)."""
+    tmp = tmp_dir(run_dir, step)
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir(parents=True)
+    return tmp
+
+
+def sweep(run_dir: str | Path) -> list[Path]:
+    """Delete what interrupted saves left in ``run_dir``: ``checkpoints/.tmp-*``, ``.latest.tmp``,
+    ``.tmp-final``. Call once at start, before any rank writes. Returns what was removed."""
+    root = checkpoint_root(run_dir)
+    stale = [*root.glob(".tmp-*"), *root.glob(f".{LATEST}.tmp"), Path(run_dir) / ".tmp-final"]
+    removed = []
+    for p in stale:
+        if p.is_dir():
+            shutil.rmtree(p, ignore_errors=True)
+        elif p.exists():
+            p.unlink(missing_ok=True)
+        else:
+            continue
+        removed.append(p)
+    return removed
 
 
 def write_common(folder: Path, cfg: Config, normalizer: Any) -> None:
@@ -68,8 +98,11 @@ def latest_checkpoint(run_dir: str | Path) -> Path | None:
     root = checkpoint_root(run_dir)
     ptr = root / LATEST
     if ptr.exists():
-        p = root / ptr.read_text().strip()
-        if p.is_dir():
+        name = ptr.read_text(errors="replace").strip()
+        p = root / name
+        if (
+            name.startswith("step_") and "/" not in name and p.is_dir()
+        ):  # a garbage pointer falls back to the scan
             return p
     steps = sorted(p for p in root.glob("step_*") if p.is_dir())
     return steps[-1] if steps else None

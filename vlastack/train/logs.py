@@ -8,6 +8,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from vlastack.fileio import BadFileError
+
 
 class RunLogger:
     """Writes ``metrics.jsonl`` (one JSON object per logged step), TensorBoard events under
@@ -32,13 +34,12 @@ class RunLogger:
             self.tb = None
 
     def _truncate_after(self, step: int) -> None:
-        """On resume, drop records past the resumed step so the file reads as one run."""
+        """On resume, drop records past the resumed step so the file reads as one run (a torn last
+        line, from a crash or a full disk mid-write, is dropped with a warning)."""
         if not self.path.exists():
             return
-        keep = [
-            ln for ln in self.path.read_text().splitlines() if ln and json.loads(ln).get("step", 0) <= step
-        ]
-        self.path.write_text("".join(ln + "\n" for ln in keep))
+        keep = [r for r in read_metrics(self.path) if r.get("step", 0) <= step]
+        self.path.write_text("".join(json.dumps(r) + "\n" for r in keep))
 
     def log(self, step: int, metrics: dict[str, Any], prefix: str = "train") -> None:
         if not self.enabled:
@@ -84,8 +85,27 @@ class RunLogger:
 
 
 def read_metrics(path: str | Path) -> list[dict]:
+    """The records of a ``metrics.jsonl``. A torn last line (the process died mid-write) is skipped
+    with a warning; a bad line elsewhere raises ``BadFileError`` naming the file and line."""
     p = Path(path)
-    return [json.loads(ln) for ln in p.read_text().splitlines() if ln] if p.exists() else []
+    if not p.exists():
+        return []
+    lines = p.read_text(encoding="utf-8", errors="replace").splitlines()
+    out = []
+    for i, ln in enumerate(lines):
+        if not ln.strip():
+            continue
+        try:
+            rec = json.loads(ln)
+            if not isinstance(rec, dict):
+                raise ValueError(f"expected a JSON object, got {type(rec).__name__}")
+        except ValueError as e:
+            if i == len(lines) - 1:
+                print(f"warning: {p}: ignoring a half-written last line ({ln[:40]!r})", file=sys.stderr)
+                continue
+            raise BadFileError(p, f"line {i + 1} is not a JSON object", str(e)[:100]) from None
+        out.append(rec)
+    return out
 
 
 def plot_loss(metrics_path: str | Path, out_png: str | Path) -> Path | None:

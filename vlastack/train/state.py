@@ -16,7 +16,9 @@ from typing import Any
 
 import numpy as np
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
+
+from vlastack.fileio import BadFileError, load_safetensors, read_json
 
 
 def flatten(obj: Any, tensors: dict[str, torch.Tensor] | None = None, prefix: str = "t") -> tuple[Any, dict]:
@@ -81,10 +83,14 @@ def save_state(obj: Any, folder: str | Path, name: str) -> None:
 
 
 def load_state(folder: str | Path, name: str) -> Any:
+    """Inverse of ``save_state``; a truncated or corrupt file raises ``BadFileError`` naming it."""
     folder = Path(folder)
-    skel = json.loads((folder / f"{name}.json").read_text())
-    tensors = load_file(str(folder / f"{name}.safetensors"))
-    return unflatten(skel, tensors)
+    skel = read_json(folder / f"{name}.json")
+    tensors = load_safetensors(folder / f"{name}.safetensors")
+    try:
+        return unflatten(skel, tensors)
+    except (KeyError, TypeError, ValueError) as e:  # skeleton and tensors do not belong together
+        raise BadFileError(folder / f"{name}.json", "does not match its .safetensors", repr(e)) from None
 
 
 def fsync_file(path: str | Path) -> None:

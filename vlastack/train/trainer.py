@@ -19,12 +19,14 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.distributed as dist
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 from torch.utils.data import default_collate
 
 from vlastack.batch import Batch, to_device, validate_batch
 from vlastack.config import Config, save_yaml
+from vlastack.data.check import check_training_data
 from vlastack.diagnostics.memory import peak_memory_mb
+from vlastack.fileio import load_safetensors
 from vlastack.models.vla import VLA, build_model
 from vlastack.nn.lora import apply_lora, lora_state_dict, remove_lora
 from vlastack.train import checkpoint as ck
@@ -101,7 +103,7 @@ class Trainer:
             from vlastack.data.samples import make_dataset
 
             dataset = make_dataset(replace(cfg, data=replace(cfg.data, streaming=False)), data_path)
-        self.warnings = check_dataset_fits(dataset, cfg)
+        self.warnings = check_training_data(dataset) + check_dataset_fits(dataset, cfg)  # NaN, bad stats
         self.normalizer = getattr(dataset, "normalizer", None)
         if t.preload and not isinstance(dataset, MemoryDataset):
             dataset = MemoryDataset(dataset, num_workers=cfg.data.num_workers)
@@ -146,6 +148,8 @@ class Trainer:
         # Per-rank training randomness (flow noise and time) differs across ranks.
         seed = t.seed + 1 + self.dist.rank
         torch.manual_seed(seed), np.random.seed(seed), random.seed(seed)
+        if self.is_main:  # leftovers of a killed save would block this run's saves and hold disk space
+            self.warnings += [f"removed {p} (left by an interrupted save)" for p in ck.sweep(self.run_dir)]
         if resume:
             self._resume()
         self.logger = RunLogger(self.run_dir, t.steps, self.step, enabled=self.is_main and verbose)
@@ -229,7 +233,7 @@ class Trainer:
         ema_full = self._full_state(ema=True) if self.ema is not None else None
         optim = self._optim_state()
         if self.is_main:
-            tmp.mkdir(parents=True, exist_ok=True)
+            ck.begin(self.run_dir, self.step)
             self._export(full, tmp)
             if ema_full is not None:
                 (tmp / "ema").mkdir()
@@ -269,11 +273,11 @@ class Trainer:
             )
         t = self.cfg.train
         if t.lora_rank > 0:
-            base = load_file(str(self.run_dir / "lora_base" / "model.safetensors"))
+            base = load_safetensors(self.run_dir / "lora_base" / "model.safetensors")
             full = {k: base[k.replace(".base.", ".")] for k in self.model.state_dict() if ".lora_" not in k}
-            full.update(load_file(str(path / "adapter.safetensors")))
+            full.update(load_safetensors(path / "adapter.safetensors"))
         else:
-            full = load_file(str(path / "model.safetensors"))
+            full = load_safetensors(path / "model.safetensors")
         self._set_full_state(full)
         self._set_optim_state(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
