@@ -205,6 +205,11 @@ class GroundingConfig:
         return 3 * self.points
 
 
+# The names of the action heads in ``vlastack.models.heads.HEADS`` (checked there), listed here so a
+# config is validated before any model code is imported.
+HEAD_NAMES = ("flow", "tokens")
+
+
 @dataclass(frozen=True)
 class ModelConfig:
     vision: VisionConfig = field(default_factory=VisionConfig)
@@ -213,6 +218,10 @@ class ModelConfig:
         default_factory=lambda: DecoderConfig(width=1024, depth=18, mlp_dim=4096, vocab_size=1)
     )
     head: str = "flow"  # flow | tokens
+    # Flow-head variant. "pi0": a state token in the suffix, the flow time mixed into the action
+    # tokens. "pi05": the state written into the prompt as 256-bin tokens, no state token, and the
+    # flow time conditioning the action expert's adaptive RMSNorms (see models/heads/flow.py).
+    variant: str = "pi0"
     tokens: TokenHeadConfig = field(default_factory=TokenHeadConfig)
     grounding: GroundingConfig = field(default_factory=GroundingConfig)
     action_horizon: int = 50
@@ -230,7 +239,13 @@ class ModelConfig:
     tokenizer: str = "byte"
 
     def __post_init__(self) -> None:
-        _check(self.head in ("flow", "tokens"), "head", f"must be 'flow' or 'tokens', got {self.head!r}")
+        _check(self.variant in ("pi0", "pi05"), "variant", f"must be 'pi0' or 'pi05', got {self.variant!r}")
+        _check(
+            self.variant == "pi0" or self.head == "flow",
+            "variant",
+            "pi05 is a variant of the flow head: needs head='flow'",
+        )
+        _check(self.head in HEAD_NAMES, "head", f"must be one of {list(HEAD_NAMES)}, got {self.head!r}")
         _positive(self, "action_horizon", "action_dim", "state_dim", "max_text_len", "num_denoise_steps")
         _check(len(self.camera_names) > 0, "camera_names", "needs at least one camera")
         _check(len(set(self.camera_names)) == len(self.camera_names), "camera_names", "names must be unique")
@@ -243,6 +258,11 @@ class ModelConfig:
                 f"VLM layer by layer; got {getattr(e, k)}",
             )
         g = self.grounding
+        _check(
+            not (g.points and self.state_in_prompt),
+            "grounding.points",
+            "grounding feeds the state token, which variant='pi05' does not have: set grounding.points=0",
+        )
         if g.points:
             _check(
                 self.head == "flow",
@@ -261,6 +281,16 @@ class ModelConfig:
     @property
     def num_cameras(self) -> int:
         return len(self.camera_names)
+
+    @property
+    def adarms(self) -> bool:
+        """The action expert's norms are adaptive, conditioned on the flow time (Pi0.5)."""
+        return self.variant == "pi05"
+
+    @property
+    def state_in_prompt(self) -> bool:
+        """The state is discretised into the text prompt (Pi0.5), not fed as a suffix token."""
+        return self.variant == "pi05"
 
     @property
     def grounding_layer(self) -> int:
@@ -452,7 +482,18 @@ def pi0() -> Config:
     )
 
 
-PRESETS = {"tiny": tiny, "small": small, "pi0": pi0}
+def pi05() -> Config:
+    """The public Pi0.5 shapes (LeRobot/openpi ``pi05_base``): pi0's encoder, VLM and expert, with
+    the state written into a 200-token prompt and the flow time in the expert's adaptive norms."""
+    return Config(
+        model=ModelConfig(variant="pi05", max_text_len=200),
+        data=DataConfig(norm=NormConfig(state="quantiles", action="quantiles")),
+        train=TrainConfig(batch_size=32, lr=2.5e-5, precision="bf16", activation_checkpointing=True),
+        eval=EvalConfig(image_size=224),
+    )
+
+
+PRESETS = {"tiny": tiny, "small": small, "pi0": pi0, "pi05": pi05}
 
 
 # ----------------------------------------------------------------------------- (de)serialization
