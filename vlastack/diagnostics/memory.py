@@ -19,6 +19,7 @@ import gc
 import re
 import resource
 import sys
+import time
 import weakref
 from collections.abc import Callable, Iterable
 from contextlib import contextmanager
@@ -123,7 +124,7 @@ class LiveTensorTracker(TorchDispatchMode):
         self.phase = "setup"
         self.saved: dict[int, str] = {}  # storage key -> module that saved it for backward
         self.module_stack: list[str] = []
-        self.timeline: list[tuple[int, int, str]] = []  # (op index, live bytes, phase)
+        self.timeline: list[tuple[float, int, str]] = []  # (perf_counter s, live bytes, phase)
         self.timeline_every = timeline_every
         self._ops = 0
         self._dirty = False
@@ -181,7 +182,7 @@ class LiveTensorTracker(TorchDispatchMode):
                 self._add(t)
         self._ops += 1
         if self._ops % self.timeline_every == 0:
-            self.timeline.append((self._ops, self.total, self.phase))
+            self.timeline.append((time.perf_counter(), self.total, self.phase))
         return out
 
     # --------------------------------------------------------------- hooks
@@ -252,10 +253,13 @@ class LiveTensorTracker(TorchDispatchMode):
 
 
 def training_roles(
-    model: nn.Module, optimizer: torch.optim.Optimizer | None, inputs: Iterable[Tensor] = ()
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer | None,
+    inputs: Iterable[Tensor] | Callable[[], Iterable[Tensor]] = (),
 ) -> Callable[[], dict[str, set[int]]]:
-    """The ``roles`` callback of ``LiveTensorTracker`` for a model, its optimizer and a batch."""
-    inputs = list(inputs)
+    """The ``roles`` callback of ``LiveTensorTracker`` for a model, its optimizer and a batch
+    (``inputs``: the batch's tensors, or a callable returning the current batch's)."""
+    fixed = None if callable(inputs) else list(inputs)
 
     def roles() -> dict[str, set[int]]:
         params = list(model.parameters()) + list(model.buffers())
@@ -267,7 +271,7 @@ def training_roles(
             "parameters": storage_keys(params),
             "gradients": storage_keys(p.grad for p in model.parameters() if p.grad is not None),
             "optimizer_state": storage_keys(opt),
-            "inputs": storage_keys(inputs),
+            "inputs": storage_keys(fixed if fixed is not None else inputs()),
         }
 
     return roles
