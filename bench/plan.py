@@ -24,10 +24,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import environment, write_results  # noqa: E402
-from vlastack.config import load_config  # noqa: E402
-from vlastack.diagnostics.memory import fmt_bytes  # noqa: E402
-from vlastack.diagnostics.plan import measure, simulate  # noqa: E402
+from bench.common import environment, write_results
+from vlastack.config import load_config
+from vlastack.diagnostics.memory import fmt_bytes
+from vlastack.diagnostics.plan import measure, simulate
 
 CONFIGS = [
     ("tiny", 8, (), "train"),
@@ -110,8 +110,13 @@ def main() -> None:
             "environment_detail": environment(),
             "rows": rows,
             "worst_abs_error": worst,
-            "pi0_prediction": {"batch_size": 1, "peak_bytes": pi0["peak_bytes"], "categories": pi0["categories"],
-                               "simulate_s": pi0_s, "measured": None},  # fmt: skip
+            "pi0_prediction": {
+                "batch_size": 1,
+                "peak_bytes": pi0["peak_bytes"],
+                "categories": pi0["categories"],
+                "simulate_s": pi0_s,
+                "measured": None,
+            },
         },
     )
 

@@ -34,7 +34,7 @@ def device_capacity(on_gpu: bool) -> int | None:
 
 def cpu_has_bf16() -> bool:
     cap = torch.backends.cpu.get_cpu_capability().upper()
-    return "AMX" in cap or "BF16" in cap or "AVX512" in cap and _flag("avx512_bf16")
+    return "AMX" in cap or "BF16" in cap or ("AVX512" in cap and _flag("avx512_bf16"))
 
 
 def _flag(name: str) -> bool:
@@ -172,7 +172,9 @@ def recommend(r: dict, cfg: Config, on_gpu: bool, synthetic: bool = False) -> li
     return out
 
 
-def try_recommendations(cfg: Config, report: dict, tmp: Path, data, dataset, opts, prepare, log=print) -> list[dict]:
+def try_recommendations(
+    cfg: Config, report: dict, tmp: Path, data, dataset, opts, prepare, log=print
+) -> list[dict]:
     """Re-run the timed phase with each applicable recommendation's overrides; measured changes."""
     from vlastack.diagnostics.doctor import Session
 
@@ -190,7 +192,9 @@ def try_recommendations(cfg: Config, report: dict, tmp: Path, data, dataset, opt
             tm = s.timed(opts.steps)
             del s
         except (ValueError, RuntimeError, ImportError) as e:
-            out.append({"id": rec["id"], "overrides": rec["overrides"], "error": str(e), "result": f"failed: {e}"})
+            out.append(
+                {"id": rec["id"], "overrides": rec["overrides"], "error": str(e), "result": f"failed: {e}"}
+            )
             continue
         row = {
             "id": rec["id"],

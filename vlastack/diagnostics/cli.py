@@ -15,9 +15,13 @@ def register(sub, groups) -> None:
         description="Runs a few real training steps of the config under torch.profiler and writes "
         "report.json, report.html and trace.json (Perfetto). See docs/doctor.md.",
     )
-    d.add_argument("--data", default=None, help="dataset folder (default: data.path; none: synthetic batches)")
+    d.add_argument(
+        "--data", default=None, help="dataset folder (default: data.path; none: synthetic batches)"
+    )
     d.add_argument("--steps", type=int, default=8, help="timed steps (default 8)")
-    d.add_argument("--warmup", type=int, default=2, help="warm-up steps, under the memory tracker (default 2)")
+    d.add_argument(
+        "--warmup", type=int, default=2, help="warm-up steps, under the memory tracker (default 2)"
+    )
     d.add_argument("--profile-steps", type=int, default=3, help="steps under the profiler (default 3)")
     d.add_argument("--infer", action="store_true", help="also time and profile sample_actions")
     d.add_argument("--numerics", action="store_true", help="per-module activation/gradient stats, bf16 drift")

@@ -75,13 +75,17 @@ def _sync(device: torch.device) -> None:
 class Session:
     """A Trainer plus an instrumented copy of its step loop (the loop body of ``Trainer.fit``)."""
 
-    def __init__(self, cfg: Config, run_dir: Path, data=None, dataset=None, device=None, prepare=None) -> None:
+    def __init__(
+        self, cfg: Config, run_dir: Path, data=None, dataset=None, device=None, prepare=None
+    ) -> None:
         t = replace(cfg.train, steps=10**6, log_every=10**6, save_every=10**6, eval_every=0)
         self.cfg = replace(cfg, train=t)
         if data is None and dataset is None:
             dataset = SyntheticDataset(cfg, n=max(64, 4 * t.batch_size * t.grad_accum))
         self.synthetic = isinstance(dataset, SyntheticDataset)
-        self.trainer = Trainer(self.cfg, data_path=data, run_dir=run_dir, device=device, dataset=dataset, verbose=False)
+        self.trainer = Trainer(
+            self.cfg, data_path=data, run_dir=run_dir, device=device, dataset=dataset, verbose=False
+        )
         if prepare is not None:
             prepare(self.trainer)  # tests seed faults here (a hook with .item(), a NaN weight)
         self.it = self.trainer.batches()
@@ -265,7 +269,9 @@ def run_doctor(
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
-        log(f"doctor: building the trainer ({'synthetic data' if data is None and dataset is None else data or 'dataset'})")
+        log(
+            f"doctor: building the trainer ({'synthetic data' if data is None and dataset is None else data or 'dataset'})"
+        )
         s = Session(cfg, Path(tmp) / "run", data, dataset, opts.device, prepare)
         log(f"doctor: {opts.warmup} warm-up steps under the memory tracker")
         mem = s.memory(opts.warmup)
@@ -318,10 +324,18 @@ def _assemble(s: Session, cfg: Config, opts, mem, timing, prof, bottleneck, why)
         "torch": torch.__version__,
         "threads": torch.get_num_threads(),
         "cpu_count": os.cpu_count(),
-        "config": {"batch_size": t.batch_size, "grad_accum": t.grad_accum, "precision": t.precision,
-                   "activation_checkpointing": t.activation_checkpointing, "compile": t.compile,
-                   "lora_rank": t.lora_rank, "optimizer": t.optimizer, "num_workers": cfg.data.num_workers,
-                   "preload": t.preload, "parallel": t.parallel},  # fmt: skip
+        "config": {
+            "batch_size": t.batch_size,
+            "grad_accum": t.grad_accum,
+            "precision": t.precision,
+            "activation_checkpointing": t.activation_checkpointing,
+            "compile": t.compile,
+            "lora_rank": t.lora_rank,
+            "optimizer": t.optimizer,
+            "num_workers": cfg.data.num_workers,
+            "preload": t.preload,
+            "parallel": t.parallel,
+        },
         "synthetic_data": s.synthetic,
         "bottleneck": bottleneck,
         "evidence": why,
@@ -337,7 +351,9 @@ def _assemble(s: Session, cfg: Config, opts, mem, timing, prof, bottleneck, why)
         "gpu_busy_fraction": prof["gpu_busy_fraction"],
         "host_syncs_per_step": prof["host_syncs"]["per_step"],
         "memory": mem,
-        "notes": [] if on_gpu else [
+        "notes": []
+        if on_gpu
+        else [
             "CPU run: GPU busy fraction, CUDA kernel counts and allocator reserve are n/a on CPU; "
             "'kernels' are the profiler's leaf CPU ops",
             "host syncs on CPU cost little; each one would stall the GPU queue on CUDA",
@@ -373,7 +389,9 @@ def summary(r: dict) -> str:
         f"host syncs per step: {r['host_syncs_per_step']:.1f}",
     ]
     for loc in r["profiled"]["host_syncs"]["locations"][:5]:
-        lines.append(f"  {loc['count_per_step']:.0f}/step at {loc['where']}: {loc['code']}  (via {loc['via']})")
+        lines.append(
+            f"  {loc['count_per_step']:.0f}/step at {loc['where']}: {loc['code']}  (via {loc['via']})"
+        )
     m = r["memory"]
     cats = ", ".join(f"{k} {fmt_bytes(v)}" for k, v in m["categories"].items())
     lines.append(f"memory peak {fmt_bytes(m['peak_bytes'])} (in {m['phase_at_peak']}): {cats}")
@@ -390,7 +408,10 @@ def summary(r: dict) -> str:
                                      else "all activations finite"))  # fmt: skip
     for rec in r["recommendations"]:
         if rec["applies"]:
-            lines.append(f"- {rec['title']}: {rec['expected']}" + (f"  [{' '.join(rec['overrides'])}]" if rec["overrides"] else ""))
+            lines.append(
+                f"- {rec['title']}: {rec['expected']}"
+                + (f"  [{' '.join(rec['overrides'])}]" if rec["overrides"] else "")
+            )
     for t in r.get("tried", []):
         lines.append(f"  tried {t['id']}: {t['result']}")
     return "\n".join(lines)

@@ -172,7 +172,10 @@ class LiveTensorTracker(TorchDispatchMode):
             self._take_snapshot()
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if self.fake_scalars and func in (torch.ops.aten._local_scalar_dense.default, torch.ops.aten.item.default):
+        if self.fake_scalars and func in (
+            torch.ops.aten._local_scalar_dense.default,
+            torch.ops.aten.item.default,
+        ):
             return _scalar_for(args[0], self._falsy)
         out = func(*args, **(kwargs or {}))
         if self.fake_scalars and func.overloadpacket is torch.ops.aten.any and isinstance(out, Tensor):
@@ -298,7 +301,9 @@ def cpu_allocator_peak(fn: Callable[[], object]) -> int:
         node = stack.pop()
         stack.extend(node.children)
         if node.tag == _EventType.Allocation and node.extra_fields.device.type == "cpu":
-            events.append((node.start_time_ns, node.extra_fields.alloc_size, node.extra_fields.total_allocated))
+            events.append(
+                (node.start_time_ns, node.extra_fields.alloc_size, node.extra_fields.total_allocated)
+            )
     if not events:
         return 0
     events.sort()

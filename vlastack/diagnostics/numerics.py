@@ -59,7 +59,9 @@ def tensor_stats(x: Tensor) -> dict[str, float]:
     nfin = fin.sum().clamp(min=1)
     mean = xf.sum() / nfin
     var = (torch.where(fin, x - mean, 0.0) ** 2).sum() / nfin
-    vals = torch.stack([mean, var.sqrt(), xf.abs().max() if n else xf.new_zeros(()), 1 - fin.sum() / max(n, 1)])
+    vals = torch.stack(
+        [mean, var.sqrt(), xf.abs().max() if n else xf.new_zeros(()), 1 - fin.sum() / max(n, 1)]
+    )
     return dict(zip(STAT_KEYS, vals.tolist()))
 
 
@@ -113,9 +115,7 @@ class NumericsInspector:
                 self.first_output_nonfinite = name
             ins = [tensor_stats(t) for t in _floats((args, kwargs))]
             if self.first_nonfinite is None and all(s["nonfinite"] == 0 for s in ins):
-                params = [
-                    {"name": n, **tensor_stats(p)} for n, p in mod.named_parameters(recurse=False)
-                ]
+                params = [{"name": n, **tensor_stats(p)} for n, p in mod.named_parameters(recurse=False)]
                 self.first_nonfinite = {
                     "module": name,
                     "type": type(mod).__name__,
@@ -156,7 +156,9 @@ class NumericsInspector:
 # ----------------------------------------------------------------------------- drift
 
 
-def precision_drift(model: nn.Module, batch: dict, layers: list[str] | None = None, seed: int = 0) -> list[dict]:
+def precision_drift(
+    model: nn.Module, batch: dict, layers: list[str] | None = None, seed: int = 0
+) -> list[dict]:
     """Relative error ``||y_bf16 - y_fp32|| / ||y_fp32||`` of each layer's output, forward only.
 
     Both passes see the same batch and the same random draws (flow noise and time); the bf16 pass
@@ -166,7 +168,9 @@ def precision_drift(model: nn.Module, batch: dict, layers: list[str] | None = No
     """
     mods = dict(model.named_modules())
     if layers is None:
-        layers = [n for n in mods if _is_block(n)] + [n for n in ("projector", "head.action_out_proj") if n in mods]
+        layers = [n for n in mods if _is_block(n)] + [
+            n for n in ("projector", "head.action_out_proj") if n in mods
+        ]
     outs: dict[str, list[Tensor]] = {}
 
     def grab(key):
@@ -259,7 +263,9 @@ def anomaly_stop(trainer, micro_batches: list[dict], result) -> None:
             loss.float().backward()  # the gradient hooks were put on the outputs in forward
         trainer.model.zero_grad(set_to_none=True)
         rep = insp.report()
-        bad_grad = next((r["module"] for r in rep["modules"] if r["grad"] and r["grad"]["nonfinite"] > 0), None)
+        bad_grad = next(
+            (r["module"] for r in rep["modules"] if r["grad"] and r["grad"]["nonfinite"] > 0), None
+        )
         if rep["first_nonfinite"] or bad_grad or not is_finite(loss.detach()):
             found, idx = rep, i
             found["first_nonfinite_grad"] = bad_grad

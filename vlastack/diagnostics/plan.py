@@ -114,7 +114,9 @@ def simulate(cfg: Config, batch_size: int, mode: str = "train", steps: int = 2) 
         )
     # allow_non_fake_inputs: a fitted token head keeps small real lookup tables as plain attributes
     with FakeTensorMode(allow_non_fake_inputs=True):
-        tr = _run_train(cfg, batch_size, steps, True) if mode == "train" else _run_infer(cfg, batch_size, True)
+        tr = (
+            _run_train(cfg, batch_size, steps, True) if mode == "train" else _run_infer(cfg, batch_size, True)
+        )
     return tr.breakdown()
 
 
@@ -124,7 +126,9 @@ def measure(cfg: Config, batch_size: int, mode: str = "train", steps: int = 2) -
 
     def body():
         box["tr"] = (
-            _run_train(cfg, batch_size, steps, False) if mode == "train" else _run_infer(cfg, batch_size, False)
+            _run_train(cfg, batch_size, steps, False)
+            if mode == "train"
+            else _run_infer(cfg, batch_size, False)
         )
 
     alloc = cpu_allocator_peak(body)
@@ -196,7 +200,9 @@ def _variants(cfg: Config) -> list[Variant]:
 
 
 def _predict(cfg: Config, v: Variant, batch_size: int, cache: dict) -> dict:
-    c = apply_overrides(cfg, [o for o in v.overrides if not o.startswith(("train.optimizer", "train.parallel"))])
+    c = apply_overrides(
+        cfg, [o for o in v.overrides if not o.startswith(("train.optimizer", "train.parallel"))]
+    )
     key = (c, batch_size)
     if key not in cache:
         cache[key] = simulate(c, batch_size)
@@ -217,7 +223,9 @@ def largest_batch(cfg: Config, v: Variant, budget: int, cache: dict, limit: int 
     return b
 
 
-def plan(cfg: Config, budget: int | None = None, batch_sizes: tuple[int, ...] = (), infer: bool = True) -> dict:
+def plan(
+    cfg: Config, budget: int | None = None, batch_sizes: tuple[int, ...] = (), infer: bool = True
+) -> dict:
     """Predicted peaks for ``cfg`` and each single change; with ``budget``, what fits and the cheapest fix."""
     cache: dict = {}
     bs = cfg.train.batch_size
@@ -255,7 +263,11 @@ def cheapest_fix(cfg: Config, budget: int, rows: list[dict], cache: dict) -> dic
     accumulation (same effective batch); else the cheapest combination that fits."""
     single = [r for r in rows[1:] if r["fits"]]
     if single:
-        return {"change": single[0]["variant"], "overrides": single[0]["overrides"], "peak_bytes": single[0]["peak_bytes"]}
+        return {
+            "change": single[0]["variant"],
+            "overrides": single[0]["overrides"],
+            "peak_bytes": single[0]["peak_bytes"],
+        }
     base = Variant("as configured")
     b = largest_batch(cfg, base, budget, cache, limit=cfg.train.batch_size)
     if b >= 1:
@@ -293,17 +305,34 @@ def format_plan(p: dict) -> str:
     for s in p.get("batch_sweep", []):
         lines.append(f"  batch {s['batch_size']:<5d} {fmt_bytes(s['peak_bytes']):>12s}")
     if "infer" in p:
-        lines.append(f"inference peak at batch {p['infer']['batch_size']}: {fmt_bytes(p['infer']['peak_bytes'])}")
+        lines.append(
+            f"inference peak at batch {p['infer']['batch_size']}: {fmt_bytes(p['infer']['peak_bytes'])}"
+        )
     if budget:
-        lines.append(f"budget {fmt_bytes(budget)}: largest batch that fits as configured: {p['largest_batch']}")
+        lines.append(
+            f"budget {fmt_bytes(budget)}: largest batch that fits as configured: {p['largest_batch']}"
+        )
         if p["fits"]:
             lines.append("the config fits as it is")
         elif p.get("fix"):
             f = p["fix"]
-            lines.append(f"OOM: cheapest fix: {f['change']}: {' '.join(f['overrides'])} -> {fmt_bytes(f['peak_bytes'])}")
+            lines.append(
+                f"OOM: cheapest fix: {f['change']}: {' '.join(f['overrides'])} -> {fmt_bytes(f['peak_bytes'])}"
+            )
         else:
-            lines.append("OOM: no single or combined change tried here fits; use more GPUs or a smaller model")
+            lines.append(
+                "OOM: no single or combined change tried here fits; use more GPUs or a smaller model"
+            )
     return "\n".join(lines)
 
 
-__all__ = ["CATEGORIES", "cheapest_fix", "derive", "format_plan", "largest_batch", "measure", "plan", "simulate"]
+__all__ = [
+    "CATEGORIES",
+    "cheapest_fix",
+    "derive",
+    "format_plan",
+    "largest_batch",
+    "measure",
+    "plan",
+    "simulate",
+]

@@ -97,7 +97,7 @@ def plot_top_ops(r: dict) -> str:
     fig, ax = plt.subplots(figsize=(8, 0.3 * len(ops) + 1))
     ax.barh([o["name"][:48] for o in ops], [o["time_ms_per_step"] for o in ops], color="#1f77b4")
     ax.set_xlabel("ms per step (profiled)")
-    ax.set_title(f"top {r['kernel_kind']}")
+    ax.set_title("top ops by self time")
     ax.tick_params(axis="y", labelsize=8)
     return _svg(fig)
 
@@ -126,7 +126,9 @@ def render_html(r: dict) -> str:
         f"{r['host_syncs_per_step']:.1f} host syncs per step.</p>",
     ]
     if r.get("synthetic_data"):
-        parts.append("<p class=warn>No dataset given: synthetic in-memory batches, so data wait is not representative.</p>")
+        parts.append(
+            "<p class=warn>No dataset given: synthetic in-memory batches, so data wait is not representative.</p>"
+        )
     parts += [
         "<h2>Step time</h2>",
         plot_breakdown(r),
@@ -153,7 +155,9 @@ def render_html(r: dict) -> str:
     ]  # fmt: skip
     pc = r.get("plan_check") or {}
     if "predicted_bytes" in pc:
-        parts.append(f"<p>vla plan predicted {fmt_bytes(pc['predicted_bytes'])} for this config ({pc['error']:+.1%}).</p>")
+        parts.append(
+            f"<p>vla plan predicted {fmt_bytes(pc['predicted_bytes'])} for this config ({pc['error']:+.1%}).</p>"
+        )
     parts += ["<h2>Top ops</h2>", plot_top_ops(r),
               _table([[o["name"], f"{o['calls_per_step']:.0f}", f"{o['time_ms_per_step']:.2f}", f"{o['mean_us']:.1f}",
                        _pct(o["share"])] for o in r["profiled"]["top_ops"]],
@@ -166,7 +170,9 @@ def render_html(r: dict) -> str:
     if "numerics" in r:
         parts.append(_numerics_html(r["numerics"]))
     parts.append("<h2>Notes</h2><ul>" + "".join(f"<li>{e(n)}</li>" for n in r.get("notes", [])) + "</ul>")
-    parts.append("<p>Open trace.json in <a href='https://ui.perfetto.dev'>Perfetto</a> or chrome://tracing.</p>")
+    parts.append(
+        "<p>Open trace.json in <a href='https://ui.perfetto.dev'>Perfetto</a> or chrome://tracing.</p>"
+    )
     style = ("body{font-family:sans-serif;max-width:1000px;margin:2em auto;color:#222}"
              "table{border-collapse:collapse;margin:.5em 0;font-size:13px}"
              "td,th{border:1px solid #ccc;padding:3px 6px;text-align:left;vertical-align:top}"

@@ -17,6 +17,7 @@ GPU; "short" means under 10 us, the scale at which launch and dispatch overhead 
 
 from __future__ import annotations
 
+import bisect
 import os
 import traceback
 from collections import defaultdict
@@ -118,7 +119,8 @@ class SyncLocator(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         if func is torch.ops.aten._local_scalar_dense.default or (
-            func in (torch.ops.aten._to_copy.default, torch.ops.aten.copy_.default) and _d2h(func, args, kwargs)
+            func in (torch.ops.aten._to_copy.default, torch.ops.aten.copy_.default)
+            and _d2h(func, args, kwargs)
         ):
             self._record(func)
         return func(*args, **kwargs)
@@ -152,25 +154,26 @@ def is_matmul(name: str) -> bool:
 
 
 def analyze(events, on_gpu: bool = False) -> dict:
-    """Per-step breakdown, host syncs with their locations, op counts and top ops from profiler
-    events (``prof.events()``) of steps marked with ``doctor::step``."""
-    steps = sorted(
-        (e.time_range.start, e.time_range.end) for e in events if e.name == "doctor::step"
-    )
+    """Per-step breakdown, host-sync count, op counts and top ops from profiler events
+    (``prof.events()``) of steps marked with ``doctor::step``."""
+    steps = sorted((e.time_range.start, e.time_range.end) for e in events if e.name == "doctor::step")
     if not steps:
         raise ValueError("no doctor::step ranges in the trace")
     lo, hi = steps[0][0], steps[-1][1]
     n = len(steps)
     phase_iv: dict[str, list] = defaultdict(list)
     syncs = {"count": 0, "time_us": 0.0}
-    ops: dict[str, list[float]] = defaultdict(list)
+    ops: dict[str, list[float]] = defaultdict(list)  # name -> self times (CPU) / durations (CUDA)
     kernels: list[tuple[float, float]] = []
+    leaves: list[float] = []  # durations of CPU leaf ops (the ones that run a kernel) or CUDA kernels
+    cpu_ops: list[tuple] = []
     for e in events:
         s, t = e.time_range.start, e.time_range.end
         if t < lo or s > hi:
             continue
         if on_gpu and _is_cuda(e):
             kernels.append((s, t))
+            leaves.append(t - s)
             ops[e.name].append(t - s)
             continue
         ph = _phase_of(e.name)
@@ -179,10 +182,9 @@ def analyze(events, on_gpu: bool = False) -> dict:
         if ph == "host_syncs":
             syncs["count"] += 1
             syncs["time_us"] += t - s
-        if not on_gpu and e.name.startswith("aten::") and not any(
-            c.name.startswith("aten::") for c in e.cpu_children
-        ):
-            ops[e.name].append(t - s)
+        if not on_gpu and e.name.startswith("aten::"):
+            # Time by self time: composite ops nest (linear -> addmm -> resolve_conj).
+            cpu_ops.append((s, e.name, e.self_cpu_time_total, t - s, e))
     steps_iv = union(steps)
     total = length(steps_iv)
     taken: list[tuple[float, float]] = []
@@ -192,9 +194,18 @@ def analyze(events, on_gpu: bool = False) -> dict:
         time_us[ph] = length(own)
         taken = union(taken + own)
     time_us["other"] = max(0.0, total - length(taken))
-    durs = [d for v in ops.values() for d in v]
-    op_time = sum(durs)
-    short = [d for d in durs if d < SHORT_US]
+    loading = union(phase_iv["data"] + phase_iv["h2d"])
+    starts = [a for a, _ in loading]
+    for s, name, self_us, dur, e in cpu_ops:
+        k = bisect.bisect_right(starts, s) - 1
+        if k >= 0 and s < loading[k][1]:
+            continue  # collate / decode ops of the data loader are data wait, not compute
+        ops[name].append(self_us)
+        if not any(c.name.startswith("aten::") for c in e.cpu_children):
+            leaves.append(dur)
+    op_time = sum(d for v in ops.values() for d in v)
+    leaf_time = sum(leaves)
+    short = [d for d in leaves if d < SHORT_US]
     mm_time = sum(sum(v) for k, v in ops.items() if is_matmul(k))
     top = sorted(ops.items(), key=lambda kv: -sum(kv[1]))[:15]
     compute_window = total - time_us["data"] - time_us["h2d"]
@@ -205,20 +216,25 @@ def analyze(events, on_gpu: bool = False) -> dict:
         "phase_fraction": {ph: time_us[ph] / max(total, 1e-9) for ph in PHASES},
         "host_syncs": {"per_step": syncs["count"] / n, "time_s_per_step": syncs["time_us"] / n / 1e6},
         "kernel_kind": "CUDA kernels" if on_gpu else "CPU leaf aten ops",
-        "kernels_per_step": len(durs) / n,
-        "short_kernel_fraction": len(short) / max(len(durs), 1),
-        "short_kernel_time_fraction": sum(short) / max(op_time, 1e-9),
+        "kernels_per_step": len(leaves) / n,
+        "short_kernel_fraction": len(short) / max(len(leaves), 1),
+        "short_kernel_time_fraction": sum(short) / max(leaf_time, 1e-9),
         "kernel_time_fraction": op_time / max(compute_window, 1e-9) if not on_gpu else None,
         "matmul_time_fraction": mm_time / max(op_time, 1e-9),
         "gpu_busy_fraction": length(union(kernels)) / max(total, 1e-9) if on_gpu else None,
         "top_ops": [
-            {"name": k, "calls_per_step": len(v) / n, "time_ms_per_step": sum(v) / n / 1e3,
-             "mean_us": sum(v) / len(v), "share": sum(v) / max(op_time, 1e-9)}  # fmt: skip
+            {
+                "name": k,
+                "calls_per_step": len(v) / n,
+                "time_ms_per_step": sum(v) / n / 1e3,
+                "mean_us": sum(v) / len(v),
+                "share": sum(v) / max(op_time, 1e-9),
+            }
             for k, v in top
         ],
     }
     if not on_gpu:
-        # On a CPU every op is synchronous: time outside leaf ops is Python + dispatcher overhead.
+        # On a CPU every op is synchronous: time outside ops is Python + dispatcher overhead.
         out["host_overhead_fraction"] = max(0.0, 1.0 - out["kernel_time_fraction"])
     return out
 
