@@ -8,6 +8,7 @@ it), ``why`` (the numbers, or why it does not apply), ``expected`` (the effect t
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -173,11 +174,12 @@ def recommend(r: dict, cfg: Config, on_gpu: bool, synthetic: bool = False) -> li
 
 
 def try_recommendations(
-    cfg: Config, report: dict, tmp: Path, data, dataset, opts, prepare, log=print
+    cfg: Config, report: dict, measure: Callable[[Config, str], tuple[dict, dict]], log=print
 ) -> list[dict]:
-    """Re-run the timed phase with each applicable recommendation's overrides; measured changes."""
-    from vlastack.diagnostics.doctor import Session
+    """Re-run with each applicable recommendation's overrides; the measured changes.
 
+    ``measure(cfg, name)`` runs the doctor's warm-up and timed phases for ``cfg`` and returns
+    ``(memory, timing)`` (``Session.memory`` / ``Session.timed``)."""
     base_step, base_sps = report["step_time_s"], report["samples_per_s"]
     base_peak = report["memory"]["peak_bytes"]
     out = []
@@ -186,11 +188,7 @@ def try_recommendations(
             continue
         log(f"doctor: trying {' '.join(rec['overrides'])}")
         try:
-            c = apply_overrides(cfg, rec["overrides"])
-            s = Session(c, tmp / f"try_{rec['id']}", data, dataset, opts.device, prepare)
-            mem = s.memory(opts.warmup)
-            tm = s.timed(opts.steps)
-            del s
+            mem, tm = measure(apply_overrides(cfg, rec["overrides"]), rec["id"])
         except (ValueError, RuntimeError, ImportError) as e:
             out.append(
                 {"id": rec["id"], "overrides": rec["overrides"], "error": str(e), "result": f"failed: {e}"}

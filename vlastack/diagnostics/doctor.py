@@ -131,8 +131,10 @@ class Session:
                 _sync(self.device)
         return time.perf_counter() - t0, t1 - t0, t2 - t1
 
-    def memory(self, steps: int) -> dict:
-        """``steps`` steps under the live-tensor tracker: peak breakdown and the last step's curve."""
+    def memory(self, steps: int, snapshot: Path | None = None) -> dict:
+        """``steps`` steps under the live-tensor tracker: peak breakdown and the last step's curve.
+        On CUDA, ``snapshot``: also record the allocator's history and write it there (open it at
+        https://pytorch.org/memory_viz)."""
         tr = self.trainer
         trk = LiveTensorTracker(training_roles(tr.model, tr.optimizer, lambda: self.inputs))
         trk.track([*tr.model.parameters(), *tr.model.buffers()])
@@ -141,6 +143,8 @@ class Session:
         cuda = self.device.type == "cuda"
         if cuda:
             torch.cuda.reset_peak_memory_stats(self.device)
+            if snapshot is not None:
+                torch.cuda.memory._record_memory_history(max_entries=200_000)
         start = 0
         with trk, trk.watch(tr.model, tr.optimizer):
             for i in range(steps):
@@ -149,6 +153,9 @@ class Session:
                     t_start = time.perf_counter()
                 trk.phase = "data"
                 self.step()
+        if cuda and snapshot is not None:
+            torch.cuda.memory._dump_snapshot(str(snapshot))
+            torch.cuda.memory._record_memory_history(enabled=None)
         out = trk.breakdown()
         curve = trk.timeline[start:]
         out["over_one_step"] = [
@@ -274,7 +281,7 @@ def run_doctor(
         )
         s = Session(cfg, Path(tmp) / "run", data, dataset, opts.device, prepare)
         log(f"doctor: {opts.warmup} warm-up steps under the memory tracker")
-        mem = s.memory(opts.warmup)
+        mem = s.memory(opts.warmup, snapshot=out / "cuda_memory_snapshot.pickle")
         log(f"doctor: {opts.steps} timed steps")
         timing = s.timed(opts.steps)
         log(f"doctor: {opts.profile_steps} profiled steps -> {out / 'trace.json'}")
@@ -297,9 +304,12 @@ def run_doctor(
         del s
         if opts.try_recs:
             log("doctor: --try: re-running with each applicable recommendation")
-            report["tried"] = try_recommendations(
-                cfg, report, Path(tmp), data, dataset, opts, prepare, log=log
-            )
+
+            def measure(c: Config, name: str) -> tuple[dict, dict]:
+                s = Session(c, Path(tmp) / f"try_{name}", data, dataset, opts.device, prepare)
+                return s.memory(opts.warmup), s.timed(opts.steps)
+
+            report["tried"] = try_recommendations(cfg, report, measure, log=log)
     write_report(report, out)
     log(summary(report))
     return report
