@@ -373,6 +373,7 @@ class TrainConfig:
     keep_last: int = 3
     eval_every: int = 0  # 0 = off
     max_bad_steps: int = 5
+    anomaly_guard: bool = False  # stop at the first non-finite step, naming the module and batch
     out_dir: str = "runs/train"
     preload: bool = False  # decode the whole dataset into memory once (small datasets)
     init_from: str = ""  # a model folder (save_pretrained) to start from, e.g. for LoRA

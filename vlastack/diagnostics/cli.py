@@ -1,7 +1,85 @@
-"""Subcommands of this layer (see vlastack/cli.py)."""
+"""Subcommands of this layer: ``vla doctor`` and ``vla plan`` (see vlastack/cli.py)."""
 
 from __future__ import annotations
 
+import argparse
+import json
+
 
 def register(sub, groups) -> None:
-    pass
+    from vlastack.cli import add_config_args
+
+    d = sub.add_parser(
+        "doctor",
+        help="profile a short real training run: where the time and memory go, and what to change",
+        description="Runs a few real training steps of the config under torch.profiler and writes "
+        "report.json, report.html and trace.json (Perfetto). See docs/doctor.md.",
+    )
+    d.add_argument(
+        "--data", default=None, help="dataset folder (default: data.path; none: synthetic batches)"
+    )
+    d.add_argument("--steps", type=int, default=8, help="timed steps (default 8)")
+    d.add_argument(
+        "--warmup", type=int, default=2, help="warm-up steps, under the memory tracker (default 2)"
+    )
+    d.add_argument("--profile-steps", type=int, default=3, help="steps under the profiler (default 3)")
+    d.add_argument("--infer", action="store_true", help="also time and profile sample_actions")
+    d.add_argument("--numerics", action="store_true", help="per-module activation/gradient stats, bf16 drift")
+    d.add_argument("--try", dest="try_recs", action="store_true", help="re-run with each applicable fix")
+    d.add_argument("--out", default="runs/doctor", help="report folder (default runs/doctor)")
+    d.add_argument("--device", default=None, help="cpu | cuda | cuda:N (default: cuda when available)")
+    add_config_args(d)
+    d.set_defaults(func=_doctor)
+
+    p = sub.add_parser(
+        "plan",
+        help="predict peak training/inference memory without allocating; what fits a memory budget",
+        description="Runs the real training step on fake tensors (no memory allocated) for the config "
+        "and single changes (bf16, 8-bit AdamW, checkpointing, LoRA, FSDP). See docs/doctor.md.",
+    )
+    p.add_argument("--memory", default=None, help="budget per device, e.g. 80GiB, 24GB, 512MiB")
+    p.add_argument("--batch-sizes", default="", help="also predict these batch sizes, e.g. 1,8,32")
+    p.add_argument("--no-infer", action="store_true", help="skip the inference prediction")
+    p.add_argument("--json", default=None, help="also write the plan as JSON here")
+    add_config_args(p)
+    p.set_defaults(func=_plan)
+
+
+def _doctor(args: argparse.Namespace) -> int:
+    from vlastack.cli import config_from_args
+    from vlastack.diagnostics.doctor import DoctorOptions, run_doctor
+
+    cfg = config_from_args(args)
+    if min(args.steps, args.warmup, args.profile_steps) < 1:
+        raise ValueError("--steps, --warmup and --profile-steps must be >= 1")
+    opts = DoctorOptions(
+        steps=args.steps,
+        warmup=args.warmup,
+        profile_steps=args.profile_steps,
+        infer=args.infer,
+        numerics=args.numerics,
+        try_recs=args.try_recs,
+        device=args.device,
+    )
+    run_doctor(cfg, args.out, opts, data=args.data or cfg.data.path or None)
+    print(f"report: {args.out}/report.html, {args.out}/report.json, trace: {args.out}/trace.json")
+    return 0
+
+
+def _plan(args: argparse.Namespace) -> int:
+    from vlastack.cli import config_from_args
+    from vlastack.diagnostics.memory import parse_bytes
+    from vlastack.diagnostics.plan import format_plan, plan
+
+    cfg = config_from_args(args)
+    budget = parse_bytes(args.memory) if args.memory else None
+    try:
+        sizes = tuple(int(x) for x in args.batch_sizes.split(",") if x.strip())
+    except ValueError:
+        raise ValueError(f"--batch-sizes: expected integers like 1,8,32, got {args.batch_sizes!r}") from None
+    result = plan(cfg, budget, sizes, infer=not args.no_infer)
+    print(format_plan(result))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=2)
+    return 0 if budget is None or result["fits"] or result.get("fix") else 1

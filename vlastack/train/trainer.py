@@ -336,6 +336,10 @@ class Trainer:
                 scaler=self.scaler,
                 grad_clip=t.grad_clip,
             )
+            if t.anomaly_guard and not res.ok and not res.scaled_skip:
+                from vlastack.diagnostics.numerics import anomaly_stop
+
+                anomaly_stop(self, micro, res)  # raises AnomalyDetected; the last good checkpoint stays
             lr = self.optimizer.param_groups[0]["lr"]
             with warnings.catch_warnings():  # a skipped (bad) step leaves optimizer.step uncalled
                 warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step")

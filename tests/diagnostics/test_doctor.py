@@ -1,0 +1,121 @@
+"""vla doctor on seeded faults: a slow loader (data-bound), a .item() in the loop (syncs located),
+and the report files; a slow test opens report.html in headless Chromium."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+
+import pytest
+
+from tests.diagnostics.helpers import MICRO, SlowDataset, micro_cfg
+from vlastack.cli import main
+from vlastack.diagnostics.doctor import DoctorOptions, run_doctor
+
+QUICK = DoctorOptions(steps=3, warmup=1, profile_steps=1)
+
+
+def test_slow_loader_with_no_workers_is_data_bound(tmp_path):
+    cfg = micro_cfg()
+    ds = SlowDataset(cfg, delay=0.1)  # 0.4 s per batch of 4, decoded in the training process
+    r = run_doctor(cfg, tmp_path, QUICK, dataset=ds, log=lambda s: None)
+    assert r["bottleneck"] == "data-bound", r["evidence"]
+    assert r["data_wait_fraction"] > 0.25
+    recs = {x["id"]: x for x in r["recommendations"]}
+    assert recs["num_workers"]["applies"] and recs["num_workers"]["overrides"][0].startswith(
+        "data.num_workers="
+    )
+    assert recs["preload"]["applies"]
+
+
+def _sync_every_step(trainer):
+    """Seeded fault: a forward hook that reads a value back to the host every step."""
+
+    def log_activation(mod, args, out):
+        log_activation.last = out.abs().mean().item()  # the sync the doctor must find
+
+    trainer.model.projector.register_forward_hook(log_activation)
+
+
+def test_item_in_the_loop_is_found_and_located(tmp_path):
+    cfg = micro_cfg()
+    r = run_doctor(cfg, tmp_path, QUICK, prepare=_sync_every_step, log=lambda s: None)
+    locs = r["profiled"]["host_syncs"]["locations"]
+    mine = [x for x in locs if x["where"].startswith("tests/diagnostics/test_doctor.py")]
+    assert len(mine) == 1 and mine[0]["count_per_step"] == 1, locs
+    assert ".item()" in mine[0]["code"] and "log_activation" in mine[0]["where"]
+    assert r["host_syncs_per_step"] >= 2  # + the training step's own loss read
+    rec = next(x for x in r["recommendations"] if x["id"] == "host_syncs")
+    assert rec["applies"] and "test_doctor.py" in rec["why"]
+
+    # the report files, and the documented keys of report.json
+    for f in ("report.json", "report.html", "trace.json"):
+        assert (tmp_path / f).stat().st_size > 0
+    data = json.loads((tmp_path / "report.json").read_text())
+    for key in ("bottleneck", "step_time_s", "data_wait_fraction", "kernels_per_step", "memory", "recommendations",
+                "breakdown_s", "host_syncs_per_step", "gpu_busy_fraction"):  # fmt: skip
+        assert key in data
+    assert data["gpu_busy_fraction"] is None  # n/a on CPU, not faked
+    cats = data["memory"]["categories"]
+    assert cats["parameters"] > 0 and cats["optimizer_state"] > 0
+    assert sum(cats.values()) == data["memory"]["peak_bytes"]
+    assert abs(data["plan_check"]["error"]) <= 0.10
+    html = (tmp_path / "report.html").read_text()
+    assert html.count("<svg") == 3 and "log_activation" in html
+    assert json.loads((tmp_path / "trace.json").read_text())["traceEvents"]
+
+
+def test_vla_doctor_cli_with_infer_and_numerics(tmp_path, capsys):
+    out = tmp_path / "doc"
+    args = ["doctor", "--out", str(out), "--steps", "2", "--warmup", "1", "--profile-steps", "1"]
+    assert main([*args, "--infer", "--numerics", *MICRO]) == 0
+    text = capsys.readouterr().out
+    assert "bottleneck:" in text and "inference:" in text and "numerics: all activations finite" in text
+    r = json.loads((out / "report.json").read_text())
+    assert r["inference"]["latency_s"] > 0 and r["numerics"]["drift"]
+    assert main(["doctor", "--steps", "0"]) == 2
+
+
+@pytest.mark.slow
+def test_try_reruns_the_applicable_fixes(tmp_path):
+    cfg = micro_cfg()
+    ds = SlowDataset(cfg, delay=0.25)
+    opts = DoctorOptions(steps=4, warmup=1, profile_steps=1, try_recs=True)
+    r = run_doctor(cfg, tmp_path, opts, dataset=ds, log=lambda s: None)
+    tried = {t["id"]: t for t in r["tried"]}
+    assert "preload" in tried and tried["preload"]["data_wait_fraction"] < r["data_wait_fraction"]
+
+
+@pytest.mark.slow
+def test_video_loader_with_no_workers_waits_on_data(tmp_path):
+    """The real loader decoding 224x224 video in the training process, for a model that sees 16x16
+    images: a large share of the step is data wait and more workers are recommended. (On the
+    2-core test machine this measured ~27% data wait: at the data-bound threshold, so the
+    assertion is on the share and the advice, not on the verdict.)"""
+    from vlastack.sim.generate import generate
+
+    data = tmp_path / "data"
+    generate(data, episodes=3, workers=0, seed=0, image_size=224)
+    r = run_doctor(micro_cfg(), tmp_path / "doc", QUICK, data=data, log=lambda s: None)
+    assert r["data_wait_fraction"] > 0.1, r["evidence"]
+    rec = next(x for x in r["recommendations"] if x["id"] == "num_workers")
+    assert rec["applies"] and not r["synthetic_data"]
+
+
+@pytest.mark.slow
+def test_report_html_opens_in_headless_chromium(tmp_path):
+    exe = next(
+        (shutil.which(n) for n in ("chromium", "chromium-browser", "google-chrome") if shutil.which(n)), None
+    )
+    if exe is None:
+        pytest.skip("no Chromium (apt-get install -y chromium)")
+    run_doctor(micro_cfg(), tmp_path, QUICK, log=lambda s: None)
+    shot = tmp_path / "shot.png"
+    cmd = [exe, "--headless", "--no-sandbox", "--disable-gpu", f"--screenshot={shot}", "--window-size=1200,2400",
+           (tmp_path / "report.html").as_uri()]  # fmt: skip
+    subprocess.run(cmd, check=True, capture_output=True, timeout=120)
+    assert shot.stat().st_size > 10_000
+    dom = subprocess.run([exe, "--headless", "--no-sandbox", "--disable-gpu", "--dump-dom",
+                          (tmp_path / "report.html").as_uri()], capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert "vla doctor" in dom.stdout and dom.stdout.count("<svg") == 3

@@ -1,0 +1,100 @@
+"""vla plan: predictions on fake tensors match real CPU runs; budgets, fixes and the CLI."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from tests.diagnostics.helpers import micro_cfg
+from vlastack.cli import main
+from vlastack.diagnostics.memory import fmt_bytes, parse_bytes
+from vlastack.diagnostics.plan import derive, measure, plan, simulate
+
+
+@pytest.mark.parametrize(
+    "overrides,mode",
+    [
+        (("train.precision=bf16", "train.activation_checkpointing=true"), "train"),
+        ((), "infer"),
+        pytest.param((), "train", marks=pytest.mark.slow),
+        pytest.param(("train.lora_rank=4",), "train", marks=pytest.mark.slow),
+    ],
+)
+def test_prediction_matches_the_cpu_allocator(overrides, mode):
+    cfg = micro_cfg(*overrides)
+    pred = simulate(cfg, 4, mode)
+    real = measure(cfg, 4, mode)
+    assert abs(pred["peak_bytes"] / real["allocator_peak_bytes"] - 1) <= 0.10
+    cats = pred["categories"]
+    n_params = sum(p.numel() for p in _model(cfg).parameters())
+    assert cats["parameters"] >= 4 * n_params  # fp32 weights (+ buffers)
+    if mode == "train":
+        assert cats["optimizer_state"] > 0
+
+
+def _model(cfg):
+    from vlastack.models.vla import build_model
+
+    with torch.device("meta"):
+        return build_model(cfg.model)
+
+
+def test_simulation_allocates_nothing():
+    cfg = micro_cfg("model.vision.image_size=64", "train.batch_size=64")
+    from vlastack.diagnostics.memory import cpu_allocator_peak
+
+    box = {}
+    held = cpu_allocator_peak(lambda: box.update(r=simulate(cfg, 64)))
+    assert box["r"]["peak_bytes"] > 50 * held  # the fake run holds (almost) no real memory
+
+
+def test_derived_knobs_shrink_the_right_categories():
+    cfg = micro_cfg()
+    sim = simulate(cfg, 4)
+    opt8 = derive(sim, cfg, optimizer_8bit=True)
+    assert opt8["categories"]["optimizer_state"] < 0.3 * sim["categories"]["optimizer_state"]
+    fsdp = derive(sim, cfg, fsdp=4)
+    assert fsdp["categories"]["parameters"] == sim["categories"]["parameters"] // 4
+    assert fsdp["categories"]["activations"] == sim["categories"]["activations"]
+
+
+def test_config_that_does_not_fit_gets_the_cheapest_fix():
+    cfg = micro_cfg("train.batch_size=16", "model.vision.image_size=64")  # activations dominate
+    base = simulate(cfg, 16)["peak_bytes"]
+    p = plan(cfg, int(base * 0.85), infer=False)
+    assert not p["fits"] and p["fix"] is not None
+    assert p["fix"]["peak_bytes"] <= base * 0.85
+    assert 1 <= p["largest_batch"] < 16
+    # the fix is the first (cheapest) single change that fits
+    fitting = [r["variant"] for r in p["train"][1:] if r["fits"]]
+    assert p["fix"]["change"] == fitting[0]
+    # nothing fits 64 KiB: no fix, exit status 1
+    p = plan(cfg, 64 * 1024, infer=False)
+    assert not p["fits"] and p["largest_batch"] == 0 and p["fix"] is None
+
+
+def test_vla_plan_cli(capsys, tmp_path):
+    args = ["plan", *micro_cfg_args(), "--batch-sizes", "1,2", "--json", str(tmp_path / "p.json")]
+    assert main([*args, "--memory", "1GiB"]) == 0
+    out = capsys.readouterr().out
+    assert "the config fits as it is" in out and "largest batch" in out and "inference peak" in out
+    assert json.loads((tmp_path / "p.json").read_text())["fits"] is True
+    assert main(["plan", "--memory", "lots"]) == 2
+
+
+def micro_cfg_args():
+    from tests.diagnostics.helpers import MICRO
+
+    return MICRO
+
+
+def test_parse_and_format_bytes():
+    assert parse_bytes("80GiB") == 80 * 2**30
+    assert parse_bytes("24GB") == 24 * 10**9
+    assert parse_bytes("512 MiB") == 512 * 2**20
+    assert parse_bytes(1000) == 1000
+    with pytest.raises(ValueError, match="80GiB"):
+        parse_bytes("eighty")
+    assert fmt_bytes(3 * 2**30) == "3.00 GiB"
