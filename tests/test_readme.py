@@ -256,5 +256,7 @@ def _check_outputs(tmp_path: Path) -> None:
             if "--out" in argv:
                 out = argv[argv.index("--out") + 1]
                 assert (tmp_path / out).exists(), f"`{shlex.join(argv)}` did not write {out}"
-    for name in ("model.safetensors", "config.json", "norm_stats.json"):
-        assert (tmp_path / "runs/mine/final" / name).exists()
+    run = tmp_path / "runs/mine"
+    for name in ("final/model.safetensors", "final/config.json", "final/norm_stats.json", "checkpoints",
+                 "metrics.jsonl", "loss_curve.png", "tb", "eval/eval.json", "eval/eval.png"):  # fmt: skip
+        assert (run / name).exists(), f"the README says the run folder holds {name}"
