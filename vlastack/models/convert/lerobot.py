@@ -23,7 +23,7 @@ from __future__ import annotations
 import json
 import os
 import re
-from dataclasses import replace
+from dataclasses import fields, replace
 from pathlib import Path
 
 import torch
@@ -250,10 +250,12 @@ def config_from_checkpoint(
 
 
 def with_kind(cfg: ModelConfig, kind: str) -> ModelConfig:
-    """Select the Pi0 or Pi0.5 flow head in our config."""
+    """Select the Pi0 or Pi0.5 flow head in our config (``model.variant``)."""
     if kind == "pi0":
         return cfg
-    raise ValueError("pi05 checkpoints need the Pi0.5 flow head, which this build does not have yet")
+    if "variant" not in {f.name for f in fields(ModelConfig)}:
+        raise ValueError("pi05 checkpoints need the Pi0.5 flow head, which this build does not have yet")
+    return replace(cfg, variant="pi05")
 
 
 def camera_names(meta: dict) -> tuple[str, ...]:
