@@ -215,3 +215,25 @@ def test_vla_import_cli(tmp_path, capsys):
     assert rc == 0 and (tmp_path / "p" / "lerobot_pipeline.json").exists()
     assert main(["import", str(tmp_path / "nowhere"), "--out", str(tmp_path / "q")]) == 2
     assert "does not exist" in capsys.readouterr().err
+
+
+def test_fine_tune_from_imported_checkpoint(tmp_path):
+    """`vla import` writes train.yaml (train.init_from = the folder); training starts from the
+    imported weights and its result loads as a policy."""
+    from tests.train.train_helpers import FakeDataset
+    from vlastack.config import apply_overrides, load_yaml
+    from vlastack.train.trainer import Trainer
+
+    out = import_checkpoint(FIXTURES / "pi0", tmp_path / "imported", ["vision.heads=4"])
+    cfg = load_yaml(out / "train.yaml")
+    ov = ["train.steps=2", "train.batch_size=2", "train.precision=fp32", "train.warmup_steps=1",
+          "train.save_every=100", "train.num_threads=2", "data.num_workers=0"]  # fmt: skip
+    cfg = apply_overrides(cfg, ov)
+    tr = Trainer(cfg, run_dir=tmp_path / "run", dataset=FakeDataset(cfg, n=4))
+    ref = load_parts(out).model.state_dict()
+    assert all(torch.equal(v, ref[k]) for k, v in tr.model.state_dict().items())
+    tr.fit()
+    policy = Policy.from_pretrained(tmp_path / "run" / "final")
+    obs = {"images": {"base_0_rgb": np.zeros((24, 40, 3), np.uint8)}, "state": np.zeros(32, np.float32),
+           "prompt": "pick up the red block"}  # fmt: skip
+    assert policy.infer(obs)["actions"].shape == (5, 32)

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import torch
 
+from vlastack.config import Config, EvalConfig, TrainConfig, save_yaml
 from vlastack.infer.preprocess import PIPELINE_FILE, ExactNormalizer, Pipeline
 from vlastack.models.convert.lerobot import detect_format, hf_snapshot, load_checkpoint, resolve_checkpoint
 from vlastack.models.tokenizer import SentencePieceTokenizer
@@ -119,7 +120,9 @@ def import_checkpoint(
     asset_id: str | None = None,
 ) -> Path:
     """Convert to a vlastack policy folder: ``model.safetensors`` + ``config.json`` (ours),
-    ``lerobot_pipeline.json`` (cameras, prompt style, exact normalizer) and ``tokenizer.model``."""
+    ``lerobot_pipeline.json`` (cameras, prompt style, exact normalizer), ``tokenizer.model`` and
+    ``train.yaml`` (the model config with ``train.init_from`` = this folder, to fine-tune from it;
+    training then uses vlastack's own data pipeline and norm stats, which the result is served with)."""
     if _existing_checkpoint(path) is None:
         resolve_checkpoint(path)  # raises with the reason
         raise ValueError(f"{path}: missing config.json (not a LeRobot or openpi checkpoint)")
@@ -133,6 +136,15 @@ def import_checkpoint(
     model.save_pretrained(out)
     parts.pipeline.save(out)
     shutil.copy(find_tokenizer(parts.folder), out / "tokenizer.model")
+    h = model.cfg.action_horizon
+    train = Config(
+        model=model.cfg,
+        train=TrainConfig(
+            init_from=str(out.resolve()), lr=2.5e-5, precision="bf16", out_dir=str(out) + "_ft"
+        ),
+        eval=EvalConfig(steps_per_chunk=min(8, h), image_size=model.cfg.vision.image_size),
+    )
+    save_yaml(train, out / "train.yaml")  # vla train --config OUT/train.yaml --data DATASET
     (out / "source.json").write_text(
         json.dumps({"source": str(parts.folder), "kind": parts.kind, "overrides": list(overrides)}, indent=2)
     )
