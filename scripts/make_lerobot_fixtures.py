@@ -22,6 +22,12 @@ their normalizer .safetensors) + ``tokenizer.model``, and ``io.safetensors`` / `
 raw observations, the noise, and LeRobot's outputs: the velocity at a fixed (x_t, t), the normalized
 actions and the final actions through preprocessor -> model -> postprocessor.
 
+With ``--export`` it checks the other direction instead: each fixture is imported into vlastack
+(``vla import``), its weights perturbed as a stand-in for fine-tuning (``perturb``), written back
+with ``vla export-lerobot``, loaded by LeRobot (every tensor compared with the file: LeRobot's own
+``from_pretrained`` only warns), and LeRobot's outputs on the same inputs are frozen as
+``tests/fixtures/lerobot/<kind>/export_io.safetensors``.
+
 Nothing is downloaded:
 - the PaliGemma tokenizer is a tiny SentencePiece BPE model trained here with Gemma's conventions
   (``<pad>``=0, ``<eos>``=1, ``<bos>``=2, ``<unk>``=3, no dummy prefix, byte fallback), and LeRobot's
@@ -60,6 +66,7 @@ CAMERAS = ("observation.images.base_0_rgb", "observation.images.left_wrist_0_rgb
 RAW_HW = (24, 40)  # non-square: exercises resize-with-pad
 PROMPTS = ["pick up the red block", "open_the drawer slowly and then close it\n"]
 MAX_TOKENS = {"pi0": 24, "pi05": 64}
+EXPORT_SEED = 7
 
 TOKENIZER_TEXT = """pick up the red block and put it in the bowl
 open the drawer slowly and then close it
@@ -69,11 +76,17 @@ close the gripper
 """
 
 
-def build_tokenizer(folder: Path) -> Path:
-    """Train a tiny SentencePiece BPE model with Gemma's special ids and layout -> its HF folder."""
+def build_tokenizer(folder: Path, existing: Path | None = None) -> Path:
+    """Train a tiny SentencePiece BPE model with Gemma's special ids and layout (or reuse
+    ``existing``) -> its HF folder."""
     import sentencepiece as spm
 
     folder.mkdir(parents=True, exist_ok=True)
+    if existing is not None:
+        shutil.copy(existing, folder / "tokenizer.model")
+        cfg = {"tokenizer_class": "GemmaTokenizer", "add_bos_token": True, "add_eos_token": False}
+        (folder / "tokenizer_config.json").write_text(json.dumps(cfg))
+        return folder
     spm.SentencePieceTrainer.train(
         sentence_iterator=iter(TOKENIZER_TEXT.splitlines() * 20),
         model_prefix=str(folder / "tokenizer"),
@@ -320,18 +333,78 @@ def run(kind: str, out: Path, tokenizer_dir: Path, seed: int) -> dict:
     return meta
 
 
+@torch.no_grad()
+def perturb(model: torch.nn.Module, seed: int) -> None:
+    """A deterministic stand-in for fine-tuning (tests/models/test_lerobot_parity.py does the same)."""
+    g = torch.Generator().manual_seed(seed)
+    for p in model.parameters():
+        p.add_(torch.randn(p.shape, generator=g) * 0.05)
+
+
+def run_export(kind: str, fixtures: Path, seed: int) -> None:
+    """vlastack import -> perturb -> export-lerobot -> LeRobot loads it -> freeze LeRobot's outputs."""
+    from safetensors.torch import load_file, save_file
+
+    sys.path.insert(0, str(ROOT))
+    from vlastack.infer.export_lerobot import export_lerobot
+    from vlastack.infer.external import import_checkpoint
+    from vlastack.models.vla import VLA
+
+    if kind == "pi0":
+        from lerobot.policies.pi0.modeling_pi0 import PI0Policy as Policy
+    else:
+        from lerobot.policies.pi05.modeling_pi05 import PI05Policy as Policy
+    from lerobot.policies.factory import make_pre_post_processors
+
+    src = fixtures / kind
+    meta = json.loads((src / "io.json").read_text())
+    with tempfile.TemporaryDirectory() as tmp:
+        ours = import_checkpoint(src, Path(tmp) / "ours", meta["overrides"])
+        model = VLA.from_pretrained(ours)
+        perturb(model, seed)
+        model.save_pretrained(ours)
+        exported = export_lerobot(ours, Path(tmp) / "exported")
+        policy = Policy.from_pretrained(exported, strict=True).eval()
+        written = load_file(str(exported / "model.safetensors"))
+        loaded = policy.state_dict()
+        assert set(written) == set(loaded), sorted(set(written) ^ set(loaded))[:10]
+        for k, v in written.items():
+            assert torch.equal(v, loaded[k]), f"LeRobot did not load {k}"
+        pre, post = make_pre_post_processors(policy.config, pretrained_path=str(exported))
+        io = load_file(str(src / "io.safetensors"))
+        raw = {
+            CAMERAS[0]: io["raw.image"],
+            "observation.state": io["raw.state"],
+            "task": list(meta["prompts"]),
+        }
+        processed = pre(raw)
+        normalized = policy.predict_action_chunk(processed, noise=io["noise"].clone())
+        final = post(normalized.clone())
+        v = velocity(kind, policy, processed, io["x_t"], io["t"])
+    out = {"out.velocity": v, "out.normalized_actions": normalized, "out.actions": final}
+    save_file({k: x.contiguous() for k, x in out.items()}, str(src / "export_io.safetensors"))
+    meta["export"] = {"perturb_seed": seed, "lerobot_loaded_strictly": True}
+    (src / "io.json").write_text(json.dumps(meta, indent=2) + "\n")
+    print(f"{kind}: LeRobot loaded the vlastack export strictly; froze {src / 'export_io.safetensors'}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path, default=ROOT / "tests/fixtures/lerobot")
     ap.add_argument("--kinds", nargs="+", default=["pi0", "pi05"])
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--export", action="store_true", help="check vla export-lerobot on existing fixtures")
     args = ap.parse_args()
     torch.manual_seed(args.seed)
     with tempfile.TemporaryDirectory() as tmp:
-        tok = build_tokenizer(Path(tmp) / "tokenizer")
+        existing = args.out / args.kinds[0] / "tokenizer.model" if args.export else None
+        tok = build_tokenizer(Path(tmp) / "tokenizer", existing)
         patch_lerobot(tok)
         for i, kind in enumerate(args.kinds):
-            run(kind, args.out, tok, args.seed + 10 * i)
+            if args.export:
+                run_export(kind, args.out, EXPORT_SEED)
+            else:
+                run(kind, args.out, tok, args.seed + 10 * i)
 
 
 if __name__ == "__main__":

@@ -237,3 +237,34 @@ def test_fine_tune_from_imported_checkpoint(tmp_path):
     obs = {"images": {"base_0_rgb": np.zeros((24, 40, 3), np.uint8)}, "state": np.zeros(32, np.float32),
            "prompt": "pick up the red block"}  # fmt: skip
     assert policy.infer(obs)["actions"].shape == (5, 32)
+
+
+@torch.no_grad()
+def _perturb(model: torch.nn.Module, seed: int) -> None:
+    """The same stand-in for fine-tuning as scripts/make_lerobot_fixtures.py's ``perturb``."""
+    g = torch.Generator().manual_seed(seed)
+    for p in model.parameters():
+        p.add_(torch.randn(p.shape, generator=g) * 0.05)
+
+
+@pytest.mark.parametrize("kind", kinds())
+def test_export_lerobot_reproduces_our_actions_in_lerobot(kind, tmp_path):
+    """import -> perturb -> `vla export-lerobot`: the real lerobot loaded that folder strictly and its
+    actions (frozen in export_io.safetensors) equal ours; re-importing the export is lossless."""
+    from vlastack.cli import main
+    from vlastack.models.vla import VLA
+
+    folder, meta, io = _load(kind)
+    ours = import_checkpoint(folder, tmp_path / "ours", meta["overrides"])
+    model = VLA.from_pretrained(ours)
+    _perturb(model, meta["export"]["perturb_seed"])
+    model.save_pretrained(ours)
+    lerobot_out = load_file(str(folder / "export_io.safetensors"))
+    got = Policy.from_pretrained(ours).infer_checked(_obs(io, meta), noise=io["noise"])
+    assert np.abs(got - lerobot_out["out.actions"].numpy()).max() <= 1e-4
+    assert main(["export-lerobot", str(ours), "--out", str(tmp_path / "exported")]) == 0
+    back = load_parts(tmp_path / "exported", meta["overrides"])
+    for k, v in model.state_dict().items():
+        assert torch.equal(v, back.model.state_dict()[k]), k
+    again = Policy.from_pretrained(tmp_path / "exported", overrides=tuple(meta["overrides"]))
+    assert np.abs(again.infer_checked(_obs(io, meta), noise=io["noise"]) - got).max() <= 1e-6

@@ -1,4 +1,5 @@
-"""``vla import``: convert a LeRobot / openpi pi0 or pi05 checkpoint to a vlastack policy folder."""
+"""``vla import`` (a LeRobot / openpi pi0 or pi05 checkpoint -> a vlastack policy folder) and
+``vla export-lerobot`` (a vlastack pi0 / pi05 policy folder -> a LeRobot ``pretrained_model`` folder)."""
 
 from __future__ import annotations
 
@@ -22,6 +23,14 @@ def _import(args: argparse.Namespace) -> int:
         asset_id=args.asset_id,
     )
     print(f"wrote {out} (serve it: vla serve --policy {out})")
+    return 0
+
+
+def _export(args: argparse.Namespace) -> int:
+    from vlastack.infer.export_lerobot import export_lerobot
+
+    out = export_lerobot(args.policy, args.out)
+    print(f"wrote {out} (LeRobot: PI0Policy/PI05Policy.from_pretrained and make_pre_post_processors)")
     return 0
 
 
@@ -51,3 +60,8 @@ def register(sub, groups) -> None:
         help="load what matches and print what was left out (default: any mismatch is an error)",
     )
     p.set_defaults(func=_import)
+
+    p = sub.add_parser("export-lerobot", help="write a vlastack pi0/pi05 policy folder as a LeRobot folder")
+    p.add_argument("policy", help="vlastack policy folder (e.g. from vla import, or a training run's final/)")
+    p.add_argument("--out", required=True, help="output LeRobot pretrained_model folder")
+    p.set_defaults(func=_export)

@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import os
 import re
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import fields, replace
 from pathlib import Path
 
@@ -88,6 +89,33 @@ def checkpoint_to_ours(key: str) -> str | None:
         if m:
             return None if tmpl is None else m.expand(tmpl)
     raise KeyError(key)
+
+
+# Our key -> LeRobot's (without ``model.``), for export: the first rule of each kind above, reversed.
+_REVERSE: list[tuple[str, str]] = [
+    (r"vision\.(patch_embedding|position_embedding)\.(.*)",
+     r"paligemma.model.vision_tower.vision_model.embeddings.\1.\2"),
+    (r"vision\.layers\.(.*)", r"paligemma.model.vision_tower.vision_model.encoder.layers.\1"),
+    (r"vision\.post_layernorm\.(.*)", r"paligemma.model.vision_tower.vision_model.post_layernorm.\1"),
+    (r"projector\.(.*)", r"paligemma.model.multi_modal_projector.linear.\1"),
+    (r"decoder\.embed_tokens\.weight", "paligemma.model.language_model.embed_tokens.weight"),
+    (r"decoder\.layers\.(\d+)\.vlm\.(.*)", r"paligemma.model.language_model.layers.\1.\2"),
+    (r"decoder\.norm\.weight", "paligemma.model.language_model.norm.weight"),
+    (r"decoder\.layers\.(\d+)\.expert\.(.*)", r"gemma_expert.model.layers.\1.\2"),
+    (r"decoder\.expert_norm\.(.*)", r"gemma_expert.model.norm.\1"),
+]  # fmt: skip
+
+
+def ours_to_checkpoint(key: str) -> str | None:
+    """Our key -> LeRobot's key without the ``model.`` prefix (openpi's layout), or None."""
+    for pat, tmpl in _REVERSE:
+        m = re.fullmatch(pat, key)
+        if m:
+            return "paligemma_with_expert." + m.expand(tmpl)
+    m = re.fullmatch(
+        r"head\.(state_proj|action_in_proj|action_out_proj|action_time_mlp_\w+|time_mlp_\w+)\.(.*)", key
+    )
+    return f"{m[1]}.{m[2]}" if m else None
 
 
 # ----------------------------------------------------------------------------- finding checkpoints
@@ -321,10 +349,14 @@ def load_weights(
     ]
     if errors and strict:
         raise ValueError(f"{source}: weights do not match the model: " + "; ".join(errors))
-    state = {}
-    for our, info in wanted.items():
-        want = dtype if (dtype is not None and info.dtype.is_floating_point) else None
-        state[our] = read_tensor(info, want)
+
+    def read(item: tuple[str, TensorInfo]) -> tuple[str, torch.Tensor]:
+        our, info = item
+        return our, read_tensor(info, dtype if (dtype is not None and info.dtype.is_floating_point) else None)
+
+    # A few reads in flight: disk reads overlap with the page faults of the fresh memory they fill.
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        state = dict(pool.map(read, wanted.items()))
     model.load_state_dict(state, strict=False, assign=True)
     left = missing + sorted(unexpected) + mis_shaped
     if left:
