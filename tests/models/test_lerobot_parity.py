@@ -133,6 +133,12 @@ def test_openpi_layout_loads_the_same_weights(tmp_path):
     n = parts.normalizer
     assert np.allclose(n.normalize("observation.state", np.full(6, 2.5, np.float32)), 2.0 / (2.0 + 1e-6))
     assert np.allclose(n.unnormalize("action", np.ones((1, 7), np.float32)), 1.0 + 3.0 + 1e-6)
+    # openpi's pi0 prompt: cleaned, then "\n" tokenized on its own
+    obs = Obs({"base_0_rgb": np.zeros((8, 8, 3), np.uint8)}, np.zeros(6, np.float32), " open_the drawer\n")
+    tok = parts.tokenizer
+    want = tok.encode("open the drawer") + tok.encode("\n", bos=False)
+    got = parts.pipeline.build_batch([obs], tok)["tokens"][0, : len(want)].tolist()
+    assert got == want and parts.pipeline.camera_names == ("base_0_rgb", "left_wrist_0_rgb")
 
 
 # ----------------------------------------------------------------------------- loading is never silent

@@ -139,9 +139,9 @@ def pi0_prompt(task: str, style: str = "lerobot") -> str:
     return task if task.endswith("\n") else task + "\n"
 
 
-def tokenize(tokenizer, text: str, max_len: int) -> tuple[np.ndarray, np.ndarray]:
-    """``<bos>`` + ids, truncated to ``max_len``, right-padded with 0 -> (ids int64, mask bool)."""
-    ids = tokenizer.encode(text)[:max_len]
+def pad_ids(ids: list[int], max_len: int) -> tuple[np.ndarray, np.ndarray]:
+    """Ids (``<bos>`` first) truncated to ``max_len``, right-padded with 0 -> (ids int64, mask bool)."""
+    ids = ids[:max_len]
     out = np.zeros(max_len, dtype=np.int64)
     out[: len(ids)] = ids
     mask = np.zeros(max_len, dtype=bool)
@@ -179,11 +179,16 @@ class Pipeline:
                     image_mask[i, j] = True
             st = self.normalizer.normalize(STATE_KEY, torch.from_numpy(np.asarray(o.state, np.float32)))
             if self.kind == "pi05":
-                text = pi05_prompt(o.prompt, st.numpy())
+                ids = tokenizer.encode(pi05_prompt(o.prompt, st.numpy()))
+            elif self.style == "openpi":  # "\n" tokenized apart: openpi's start-of-answer token
+                ids = tokenizer.encode(pi0_prompt(o.prompt, "openpi")[:-1]) + tokenizer.encode(
+                    "\n", bos=False
+                )
             else:
-                text = pi0_prompt(o.prompt, self.style)
+                ids = tokenizer.encode(pi0_prompt(o.prompt))
+            if self.kind == "pi0":
                 state[i, : st.shape[0]] = st
-            ids, mask = tokenize(tokenizer, text, self.max_text_len)
+            ids, mask = pad_ids(ids, self.max_text_len)
             tokens[i], token_mask[i] = torch.from_numpy(ids), torch.from_numpy(mask)
         return {"images": images, "image_mask": image_mask, "tokens": tokens, "token_mask": token_mask,
                 "state": state}  # fmt: skip
