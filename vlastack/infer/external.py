@@ -17,8 +17,8 @@ from pathlib import Path
 
 import torch
 
-from vlastack.config import Config, EvalConfig, TrainConfig, save_yaml
-from vlastack.infer.preprocess import PIPELINE_FILE, ExactNormalizer, Pipeline
+from vlastack.config import Config, DataConfig, EvalConfig, NormConfig, TrainConfig, save_yaml
+from vlastack.infer.preprocess import ACTION_KEY, PIPELINE_FILE, STATE_KEY, ExactNormalizer, Pipeline
 from vlastack.models.convert.lerobot import detect_format, hf_snapshot, load_checkpoint, resolve_checkpoint
 from vlastack.models.tokenizer import SentencePieceTokenizer
 
@@ -137,8 +137,11 @@ def import_checkpoint(
     parts.pipeline.save(out)
     shutil.copy(find_tokenizer(parts.folder), out / "tokenizer.model")
     h = model.cfg.action_horizon
+    modes = parts.normalizer.modes  # recomputed from the dataset, with the checkpoint's modes
+    norm = NormConfig(state=modes.get(STATE_KEY, "mean_std"), action=modes.get(ACTION_KEY, "mean_std"))
     train = Config(
         model=model.cfg,
+        data=DataConfig(norm=norm),
         train=TrainConfig(
             init_from=str(out.resolve()), lr=2.5e-5, precision="bf16", out_dir=str(out) + "_ft"
         ),
