@@ -235,9 +235,9 @@ class Pipeline:
                 for feat, spec in cfg.get("features", {}).items():
                     if feat != mine:
                         continue
-                    mode = norm_map.get(spec["type"], "identity")
-                    modes[feat] = mode
                     stats[feat] = {s: v for (k, s), v in tensors.items() if k == feat}
+                    # LeRobot leaves a feature without statistics as it is (e.g. a base model's actions)
+                    modes[feat] = norm_map.get(spec["type"], "identity") if stats[feat] else "identity"
         for key in (STATE_KEY, ACTION_KEY):
             modes.setdefault(key, "identity")
         return cls(
