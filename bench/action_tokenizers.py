@@ -18,8 +18,8 @@ from pathlib import Path
 import numpy as np
 
 from vlastack.config import TokenHeadConfig
-from vlastack.models.action_tokenizer import make_action_tokenizer
-from vlastack.models.fast import fast_error_bound
+from vlastack.models.action_tokens import make_action_tokenizer
+from vlastack.models.action_tokens.fast import fast_error_bound
 
 LM_VOCAB = 257_152  # PaliGemma-sized vocabulary; placement does not change the numbers below
 SHAPES = [(16, 8), (50, 7)]

@@ -23,19 +23,6 @@ MODULES = (
 )
 
 
-def add_config_args(p: argparse.ArgumentParser) -> None:
-    """The config arguments every config-taking command shares: preset, YAML, dotted overrides."""
-    p.add_argument("--preset", default="tiny", help="tiny | small | pi0 (default: tiny)")
-    p.add_argument("--config", default=None, help="YAML file applied on top of the preset")
-    p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. model.expert.depth=6 train.lr=1e-4")
-
-
-def config_from_args(args: argparse.Namespace):
-    from vlastack.config import load_config
-
-    return load_config(args.preset, args.config, args.overrides)
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="vla", description="vlastack: train, evaluate, serve and deploy VLAs"

@@ -205,6 +205,11 @@ class GroundingConfig:
         return 3 * self.points
 
 
+# The names of the action heads in ``vlastack.models.heads.HEADS`` (checked there), listed here so a
+# config is validated before any model code is imported.
+HEAD_NAMES = ("flow", "tokens")
+
+
 @dataclass(frozen=True)
 class ModelConfig:
     vision: VisionConfig = field(default_factory=VisionConfig)
@@ -213,6 +218,10 @@ class ModelConfig:
         default_factory=lambda: DecoderConfig(width=1024, depth=18, mlp_dim=4096, vocab_size=1)
     )
     head: str = "flow"  # flow | tokens
+    # Flow-head variant. "pi0": a state token in the suffix, the flow time mixed into the action
+    # tokens. "pi05": the state written into the prompt as 256-bin tokens, no state token, and the
+    # flow time conditioning the action expert's adaptive RMSNorms (see models/heads/flow.py).
+    variant: str = "pi0"
     tokens: TokenHeadConfig = field(default_factory=TokenHeadConfig)
     grounding: GroundingConfig = field(default_factory=GroundingConfig)
     action_horizon: int = 50
@@ -230,7 +239,13 @@ class ModelConfig:
     tokenizer: str = "byte"
 
     def __post_init__(self) -> None:
-        _check(self.head in ("flow", "tokens"), "head", f"must be 'flow' or 'tokens', got {self.head!r}")
+        _check(self.variant in ("pi0", "pi05"), "variant", f"must be 'pi0' or 'pi05', got {self.variant!r}")
+        _check(
+            self.variant == "pi0" or self.head == "flow",
+            "variant",
+            "pi05 is a variant of the flow head: needs head='flow'",
+        )
+        _check(self.head in HEAD_NAMES, "head", f"must be one of {list(HEAD_NAMES)}, got {self.head!r}")
         _positive(self, "action_horizon", "action_dim", "state_dim", "max_text_len", "num_denoise_steps")
         _check(len(self.camera_names) > 0, "camera_names", "needs at least one camera")
         _check(len(set(self.camera_names)) == len(self.camera_names), "camera_names", "names must be unique")
@@ -261,6 +276,16 @@ class ModelConfig:
     @property
     def num_cameras(self) -> int:
         return len(self.camera_names)
+
+    @property
+    def adarms(self) -> bool:
+        """The action expert's norms are adaptive, conditioned on the flow time (Pi0.5)."""
+        return self.variant == "pi05"
+
+    @property
+    def state_in_prompt(self) -> bool:
+        """The state is discretised into the text prompt (Pi0.5), not fed as a suffix token."""
+        return self.variant == "pi05"
 
     @property
     def grounding_layer(self) -> int:

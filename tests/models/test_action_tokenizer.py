@@ -6,14 +6,14 @@ import numpy as np
 import pytest
 
 from vlastack.config import TokenHeadConfig
-from vlastack.models.action_tokenizer import (
+from vlastack.models.action_tokens import (
     ActionTokenizer,
     BinTokenizer,
     TokenPlacement,
     load_action_tokenizer,
     make_action_tokenizer,
 )
-from vlastack.models.fast import FastTokenizer, dct_matrix, fast_error_bound
+from vlastack.models.action_tokens.fast import FastTokenizer, dct_matrix, fast_error_bound
 
 H, A = 16, 4
 VOCAB = 2000

@@ -9,7 +9,7 @@ import torch
 from vlastack.batch import dummy_batch, validate_batch
 from vlastack.config import ConfigError, load_config
 from vlastack.models import VLA, build_model
-from vlastack.models.grounding import ATTEND_SIGMA, GroundingHead, attention_loss
+from vlastack.models.heads.grounding import ATTEND_SIGMA, GroundingHead, attention_loss, predict_grounding
 
 
 def _cfg(*extra):
@@ -163,7 +163,7 @@ def test_config_checks():
     with pytest.raises(ConfigError, match="noise"):
         load_config("tiny", overrides=["model.grounding.noise=-1"])
     with pytest.raises(ValueError, match="no grounding head"):
-        build_model(load_config("tiny").model).head.predict_grounding(None, {})
+        predict_grounding(build_model(load_config("tiny").model), {})
 
 
 def _train_toy_binding(use_text: bool, steps: int = 800, seed: int = 1, attend: float = 0.0) -> float:
@@ -238,7 +238,7 @@ def test_training_pass_equals_the_joint_pass():
     v_joint = head.velocity_full(m, prefix, pad, state, x_t, time)
     (g_joint,) = torch.autograd.grad(v_joint.pow(2).sum(), [m.vision.patch_embedding.weight])
     prefix, pad = m.embed_prefix(batch)
-    v_staged, _, _ = head._velocity_grounded(m, prefix, pad, batch["state"], batch["env_state"], x_t, time)
+    v_staged, _, _ = head.velocity_grounded(m, prefix, pad, batch["state"], batch["env_state"], x_t, time)
     (g_staged,) = torch.autograd.grad(v_staged.pow(2).sum(), [m.vision.patch_embedding.weight])
     torch.testing.assert_close(v_staged, v_joint, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(g_staged, g_joint, atol=1e-4, rtol=1e-4)

@@ -50,7 +50,7 @@ def test_gemma_text_parity(pair, causal):
     with torch.no_grad():
         ref = hf(input_ids=ids, attention_mask=torch.ones_like(ids), token_type_ids=tt).logits
         mask = block_causal_mask(torch.ones(2, 6, dtype=torch.bool), torch.full((6,), causal))
-        h, _ = ours.decoder([ours.decoder.embed(ids), None], torch.arange(6)[None].expand(2, -1), mask)
+        h = ours.decoder([ours.decoder.embed(ids), None], torch.arange(6)[None].expand(2, -1), mask).vlm
         torch.testing.assert_close(ours.decoder.logits(h), ref, atol=2e-5, rtol=1e-4)
 
 
@@ -76,7 +76,7 @@ def test_paligemma_prefix_parity(pair):
         ).logits
         prefix, pad = ours.embed_prefix(batch)
         mask = block_causal_mask(pad, torch.zeros(pad.shape[1], dtype=torch.bool))
-        h, _ = ours.decoder([prefix, None], pad.long().cumsum(-1) - 1, mask)
+        h = ours.decoder([prefix, None], pad.long().cumsum(-1) - 1, mask).vlm
         torch.testing.assert_close(ours.decoder.logits(h), ref, atol=2e-5, rtol=1e-4)
 
 

@@ -8,7 +8,7 @@ import torch
 from vlastack.batch import dummy_batch, validate_batch
 from vlastack.config import pi0, tiny
 from vlastack.models import VLA, build_model
-from vlastack.models.pi0 import sample_time, sincos_time_embedding
+from vlastack.models.heads.flow import sample_time, sincos_time_embedding
 
 
 @pytest.fixture(scope="module")

@@ -11,8 +11,8 @@ import torch
 from vlastack.batch import dummy_batch
 from vlastack.config import ConfigError, TokenHeadConfig, tiny
 from vlastack.models import VLA, build_model
-from vlastack.models.fast import fast_error_bound
-from vlastack.models.token_head import hold_last_step
+from vlastack.models.action_tokens.fast import fast_error_bound
+from vlastack.models.heads.tokens import hold_last_step
 
 
 def micro(**tokens):
@@ -171,10 +171,10 @@ def test_bins_overfit_then_greedy_reproduces_tokens():
     ids, weight, _ = m.head.targets(b)
     with torch.no_grad():
         out, _ = m.head.generate(m, b)
-        actions = m.sample_actions(b)
+        actions, valid = m.sample(b)
     real = weight > 0
     assert torch.equal(out[real], ids[real])
-    assert m.head.last_valid.all()
+    assert valid.all()
     # Bin centers: within half a bin of the data on real steps/dims; padded dims decode to 0.
     keep = (~b["action_is_pad"])[:, :, None] & b["action_dim_mask"][:, None]
     assert (actions - b["actions"]).abs()[keep].max() <= 1 / 256 + 1e-5
@@ -189,9 +189,9 @@ def test_fast_end_to_end_fit_train_sample_save_load(tmp_path):
     hist = train(m, b, 30, 1e-2)
     assert hist[-1] < 0.1 * hist[0], hist[::10]
     m.eval()
-    actions = m.sample_actions(b)
+    actions, valid = m.sample(b)
     assert actions.shape == (2, 4, 4) and actions.dtype == torch.float32
-    assert m.head.last_valid.dtype == torch.bool and m.head.last_valid.all()
+    assert valid.dtype == torch.bool and valid.all()
     ids, lengths = m.head.generate(m, b)
     assert (lengths < m.head.num_steps).all()  # stopped at the end token, later slots masked
     assert (ids[0, lengths[0] :] == m.head.end_id).all()
@@ -220,11 +220,11 @@ def test_parallel_decoding_overfits_with_l1_head():
     ids, weight, _ = m.head.targets(b)
     with torch.no_grad():
         l1 = float(m(b)["l1"])
-        actions = m.sample_actions(b)
+        actions, valid = m.sample(b)
         h = m.head._run(m, b, m.head.action_queries.weight[: ids.shape[1]][None].expand(2, -1, -1), False)
         pred = m.head.pick(m.head.logits(m, h[:, 1:]), 0.0)
     assert l1 < 0.05
     assert torch.equal(pred[weight > 0], ids[weight > 0])
     keep = (~b["action_is_pad"])[:, :, None] & b["action_dim_mask"][:, None]
     assert (actions - b["actions"]).abs()[keep].max() < 0.15
-    assert m.head.last_valid.all()
+    assert valid.all()

@@ -144,11 +144,7 @@ def export_policy(
     if fmt not in FORMATS:
         raise ValueError(f"--format must be one of {sorted(FORMATS)}, got {fmt!r}")
     c = policy.cfg
-    if c.head == "tokens" and c.tokens.tokenizer == "fast":
-        raise ValueError(
-            "a FAST token head cannot be exported: its tokens are decoded by BPE + inverse DCT in "
-            "Python. Export the flow head or a bins token head (autoregressive or parallel)."
-        )
+    policy.model.head.check_exportable()
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     path = out / FORMATS[fmt]

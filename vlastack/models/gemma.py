@@ -9,6 +9,7 @@ Module names follow Hugging Face Gemma so weight import is a prefix rename.
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import torch
 from einops import rearrange
@@ -18,7 +19,7 @@ from vlastack.config import DecoderConfig
 from vlastack.nn.attention import gqa_attention
 from vlastack.nn.kv_cache import StaticKVCache
 from vlastack.nn.mlp import GeGLU
-from vlastack.nn.norms import RMSNorm
+from vlastack.nn.norms import AdaRMSNorm, RMSNorm
 from vlastack.nn.rope import RotaryEmbedding, apply_rope
 
 
@@ -39,32 +40,74 @@ class AttentionProj(nn.Module):
         return q, k, v
 
 
-class DecoderBlock(nn.Module):
-    """One expert's weights in one layer: pre-norm attention + pre-norm GeGLU MLP."""
+class DecoderOutput(NamedTuple):
+    """What ``JointDecoder`` returns: final-normed outputs per expert (None where that expert had no
+    tokens or its output was not asked for) and, with ``vlm_hidden_at``, the VLM residual stream
+    after that layer (un-normed)."""
 
-    def __init__(self, cfg: DecoderConfig) -> None:
+    vlm: Tensor | None
+    expert: Tensor | None
+    hidden: Tensor | None = None
+
+
+def make_norm(width: int, eps: float, cond_dim: int | None) -> RMSNorm | AdaRMSNorm:
+    """A Gemma RMSNorm, or with ``cond_dim`` an adaptive one whose scale, shift and residual gate
+    come from a conditioning vector (Pi0.5's flow time)."""
+    return RMSNorm(width, eps) if cond_dim is None else AdaRMSNorm(width, cond_dim, eps)
+
+
+def _norm(norm: nn.Module, x: Tensor, cond: Tensor | None) -> tuple[Tensor, Tensor | None]:
+    """-> (normed x, residual gate or None). A plain norm ignores ``cond``."""
+    if isinstance(norm, AdaRMSNorm):
+        assert cond is not None, "an adaptive norm needs its conditioning input (cond)"
+        return norm(x, cond)
+    return norm(x), None
+
+
+def _residual(x: Tensor, y: Tensor, gate: Tensor | None) -> Tensor:
+    return x + y if gate is None else x + y * gate
+
+
+class DecoderBlock(nn.Module):
+    """One expert's weights in one layer: pre-norm attention + pre-norm GeGLU MLP.
+
+    With ``cond_dim`` both norms are adaptive (``AdaRMSNorm``) and gate their residual branch.
+    """
+
+    def __init__(self, cfg: DecoderConfig, cond_dim: int | None = None) -> None:
         super().__init__()
-        self.input_layernorm = RMSNorm(cfg.width, cfg.norm_eps)
+        self.input_layernorm = make_norm(cfg.width, cfg.norm_eps, cond_dim)
         self.self_attn = AttentionProj(cfg.width, cfg.heads, cfg.kv_heads, cfg.head_dim)
-        self.post_attention_layernorm = RMSNorm(cfg.width, cfg.norm_eps)
+        self.post_attention_layernorm = make_norm(cfg.width, cfg.norm_eps, cond_dim)
         self.mlp = GeGLU(cfg.width, cfg.mlp_dim)
 
-    def finish(self, x: Tensor, attn: Tensor) -> Tensor:
-        """x [B, T, W], attn [B, T, H*D] -> [B, T, W]."""
-        x = x + self.self_attn.o_proj(attn)
-        return x + self.mlp(self.post_attention_layernorm(x))
+    def qkv(self, x: Tensor, cond: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
+        """x [B, T, W] -> q [B, H, T, D], k/v [B, KV, T, D] and the attention residual's gate."""
+        h, gate = _norm(self.input_layernorm, x, cond)
+        return (*self.self_attn.qkv(h), gate)
+
+    def finish(
+        self, x: Tensor, attn: Tensor, cond: Tensor | None = None, gate: Tensor | None = None
+    ) -> Tensor:
+        """x [B, T, W], attn [B, T, H*D] -> [B, T, W]. ``gate``: from ``qkv``."""
+        x = _residual(x, self.self_attn.o_proj(attn), gate)
+        h, gate = _norm(self.post_attention_layernorm, x, cond)
+        return _residual(x, self.mlp(h), gate)
 
 
 class JointLayer(nn.Module):
-    def __init__(self, index: int, vlm: DecoderConfig, expert: DecoderConfig | None) -> None:
+    def __init__(
+        self, index: int, vlm: DecoderConfig, expert: DecoderConfig | None, expert_cond_dim: int | None = None
+    ) -> None:
         super().__init__()
         self.index = index
         self.vlm = DecoderBlock(vlm)
-        self.expert = DecoderBlock(expert) if expert is not None else None
+        self.expert = DecoderBlock(expert, expert_cond_dim) if expert is not None else None
 
     def forward(
         self,
         xs: list[Tensor | None],
+        *,
         cos: Tensor,
         sin: Tensor,
         mask: Tensor,
@@ -72,6 +115,7 @@ class JointLayer(nn.Module):
         cache_pos: int | Tensor = 0,
         attend_cache: bool = True,
         vlm_output: bool = True,
+        cond: list[Tensor | None] | None = None,
     ) -> list[Tensor | None]:
         """xs: per-expert tokens [B, T_e, W_e] or None; cos/sin [B, T, D] for the T = sum(T_e) query
         tokens; mask bool [B, 1, T, S] over S keys (S = T, or the cache length when attending it).
@@ -79,15 +123,17 @@ class JointLayer(nn.Module):
         With a cache, this layer's k/v are written at ``cache_pos``; ``attend_cache`` chooses whether
         attention reads the whole cache buffer (decode/denoise) or only these tokens (prefill).
         ``vlm_output=False`` skips the VLM tokens' attention output and MLP: in the last layer of the
-        flow model only their keys/values are ever read.
+        flow model only their keys/values are ever read. ``cond``: per-expert conditioning
+        [B, C_e] or None (openpi's ``adarms_cond``), read by adaptive norms only.
         """
         blocks = [self.vlm, self.expert]
-        qs, ks, vs = [], [], []
+        conds = cond or [None, None]
+        qs, ks, vs, gates = [], [], [], [None, None]
         n_kv_only = xs[0].shape[1] if (xs[0] is not None and not vlm_output) else 0
-        for block, x in zip(blocks, xs):
+        for i, (block, x) in enumerate(zip(blocks, xs)):
             if x is None:
                 continue
-            q, k, v = block.self_attn.qkv(block.input_layernorm(x))
+            q, k, v, gates[i] = block.qkv(x, conds[i])
             qs.append(q), ks.append(k), vs.append(v)
         if n_kv_only:  # queries of the VLM tokens are not needed
             qs = qs[1:]
@@ -114,21 +160,29 @@ class JointLayer(nn.Module):
             if x is None or (i == 0 and n_kv_only):
                 continue
             n = x.shape[1]
-            outs[i] = block.finish(x, out[:, start : start + n])
+            outs[i] = block.finish(x, out[:, start : start + n], conds[i], gates[i])
             start += n
         return outs
 
 
 class JointDecoder(nn.Module):
-    """Token embeddings + ``depth`` joint layers + a final norm per expert. The LM head is tied."""
+    """Token embeddings + ``depth`` joint layers + a final norm per expert. The LM head is tied.
 
-    def __init__(self, vlm: DecoderConfig, expert: DecoderConfig | None) -> None:
+    ``expert_cond_dim``: the expert's norms (final norm included) are adaptive, conditioned on a
+    [B, expert_cond_dim] vector passed as ``cond=[None, c]`` (Pi0.5).
+    """
+
+    def __init__(
+        self, vlm: DecoderConfig, expert: DecoderConfig | None, expert_cond_dim: int | None = None
+    ) -> None:
         super().__init__()
         self.vlm_cfg, self.expert_cfg = vlm, expert
         self.embed_tokens = nn.Embedding(vlm.vocab_size, vlm.width)
-        self.layers = nn.ModuleList(JointLayer(i, vlm, expert) for i in range(vlm.depth))
+        self.layers = nn.ModuleList(JointLayer(i, vlm, expert, expert_cond_dim) for i in range(vlm.depth))
         self.norm = RMSNorm(vlm.width, vlm.norm_eps)
-        self.expert_norm = RMSNorm(expert.width, expert.norm_eps) if expert is not None else None
+        self.expert_norm = (
+            make_norm(expert.width, expert.norm_eps, expert_cond_dim) if expert is not None else None
+        )
         self.rope = RotaryEmbedding(vlm.head_dim, vlm.rope_theta)
 
     def embed(self, tokens: Tensor) -> Tensor:
@@ -141,7 +195,7 @@ class JointDecoder(nn.Module):
         return (h @ self.embed_tokens.weight.t().to(h.dtype)).float()
 
     def new_cache(
-        self, batch_size: int, max_len: int, dtype: torch.dtype, device: torch.device
+        self, batch_size: int, max_len: int, dtype: torch.dtype, device: torch.device | str
     ) -> StaticKVCache:
         c = self.vlm_cfg
         return StaticKVCache(c.depth, batch_size, c.kv_heads, max_len, c.head_dim, dtype, device)
@@ -151,19 +205,22 @@ class JointDecoder(nn.Module):
         xs: list[Tensor | None],
         positions: Tensor,
         mask: Tensor,
+        *,
         cache: StaticKVCache | None = None,
         cache_pos: int | Tensor = 0,
         attend_cache: bool = True,
         vlm_output: bool = True,
         vlm_hidden_at: int | None = None,
-    ) -> list[Tensor | None]:
+        cond: list[Tensor | None] | None = None,
+    ) -> DecoderOutput:
         """xs = [vlm tokens [B, Tv, Wv] | None, expert tokens [B, Te, We] | None];
         positions [B, Tv+Te]; mask bool [B, 1, Tv+Te, S] -> final-normed outputs per expert.
 
         ``vlm_output=False``: the VLM tokens' final outputs are not needed (flow head), so the last
         layer computes only their keys/values and the VLM output is None.
         ``vlm_hidden_at=i``: also return the VLM tokens' residual stream after layer ``i``
-        (un-normed, [B, Tv, Wv]) as a third item (the grounding head reads it).
+        (un-normed, [B, Tv, Wv]) as ``hidden`` (the grounding head reads it).
+        ``cond=[None, c]``: the expert's conditioning [B, C] for adaptive norms (Pi0.5).
         """
         assert len(xs) == 2 and any(x is not None for x in xs)
         assert xs[1] is None or self.expert_cfg is not None, "this decoder has no action expert"
@@ -171,15 +228,25 @@ class JointDecoder(nn.Module):
         last = len(self.layers) - 1
         hidden = None
         for i, layer in enumerate(self.layers):
-            xs = layer(xs, cos, sin, mask, cache, cache_pos, attend_cache, vlm_output or i < last)
+            xs = layer(
+                xs,
+                cos=cos,
+                sin=sin,
+                mask=mask,
+                cache=cache,
+                cache_pos=cache_pos,
+                attend_cache=attend_cache,
+                vlm_output=vlm_output or i < last,
+                cond=cond,
+            )
             if i == vlm_hidden_at:
                 hidden = xs[0]
+        conds = cond or [None, None]
         norms = [self.norm, self.expert_norm]
-        outs = [n(x) if x is not None else None for n, x in zip(norms, xs)]
+        outs = [_norm(n, x, c)[0] if x is not None else None for n, x, c in zip(norms, xs, conds)]
         if vlm_hidden_at is not None:
             assert hidden is not None, f"no VLM output at layer {vlm_hidden_at}"
-            outs.append(hidden)
-        return outs
+        return DecoderOutput(outs[0], outs[1], hidden)
 
     def unused_by_flow_head(self) -> list[str]:
         """Parameter names that cannot affect a flow-head loss: the last VLM layer's query, output

@@ -6,7 +6,7 @@ import argparse
 
 
 def register(sub, groups) -> None:
-    from vlastack.cli import add_config_args
+    from vlastack.cli_common import add_config_args
 
     g = groups["data"].add_parser("generate", help="scripted-expert demos -> LeRobot v3 dataset")
     g.add_argument("--suite", default="builtin", help="builtin | metaworld")
@@ -73,7 +73,7 @@ def _generate(args: argparse.Namespace) -> int:
 
 
 def _eval(args: argparse.Namespace) -> int:
-    from vlastack.cli import config_from_args
+    from vlastack.cli_common import config_from_args
     from vlastack.sim.evaluate import evaluate
 
     ec = config_from_args(args).eval

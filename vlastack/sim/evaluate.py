@@ -1,7 +1,7 @@
 """Closed-loop evaluation: parallel rollouts, action chunking, Wilson intervals, plots and videos.
 
-    res = evaluate("runs/tiny/checkpoint", suite="builtin", episodes=100, num_workers=2,
-                   out_dir="runs/eval")
+    res = evaluate("runs/tiny/checkpoint", cfg.eval, out_dir="runs/eval")   # an EvalConfig
+    res = evaluate("runs/tiny/checkpoint", suite="builtin", episodes=100, num_workers=2)  # or fields
     res["overall"]["success_rate"], res["overall"]["ci95"]
 
 Episode ``i`` runs task ``tasks[i % len(tasks)]`` with env seed ``seed + i`` (the default 1_000_000
@@ -10,9 +10,8 @@ spawned processes; each builds its own policy from the picklable spec (see ``pol
 model is ever pickled. A worker that dies is reported (``EvalWorkerError``) instead of hanging the
 run; a policy that returns a bad chunk stops the run with a ``PolicyOutputError`` naming it.
 
-Chunks: the policy is queried every ``steps_per_chunk`` steps (or when its chunk runs out). With
-``temporal_ensemble = m > 0`` every still-valid chunk votes for the current action with weight
-``exp(-m * i)``, i = 0 for the oldest (ACT's convention), which smooths chunk boundaries.
+Chunks: the policy is queried every ``steps_per_chunk`` steps (or when its chunk runs out), with
+optional temporal ensembling: ``infer.chunking.ActionChunker``, the same as ``Policy.select_action``.
 """
 
 from __future__ import annotations
@@ -24,11 +23,14 @@ import os
 import time
 from concurrent.futures import FIRST_EXCEPTION, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
+from dataclasses import fields, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from vlastack.config import EvalConfig
+from vlastack.infer.chunking import ActionChunker
 from vlastack.sim.policies import PolicySpec, build_policy, check_actions, policy_name
 
 
@@ -66,24 +68,17 @@ def run_episode(
     adim = env.action_space.shape[0]
     task = getattr(env, "task_name", "?")
     frames = [next(iter(obs["images"].values()))] if record else []
-    chunks: list[tuple[int, np.ndarray]] = []  # (step the chunk was predicted at, actions [H, A])
-    success, t, last, invalid = False, 0, -(10**9), 0
+    chunker = ActionChunker(steps_per_chunk, temporal_ensemble)
+    success, t, invalid = False, 0, 0
     while True:
-        cur = chunks[-1] if chunks else None
-        if cur is None or t - last >= min(steps_per_chunk, len(cur[1])):
+        if chunker.needs_chunk():
             where = f"step {t} of episode {episode} (task {task}, seed {seed})"
             reply = policy.infer(obs)
-            chunks.append((t, check_actions(reply, adim, name, where)))
+            chunker.add(check_actions(reply, adim, name, where))
             # Token heads say when tokens did not decode to a chunk; it still runs (as a robot
             # stack with no fallback would), but is counted so it cannot pass unnoticed.
             invalid += int(isinstance(reply, dict) and reply.get("valid", True) is False)
-            last = t
-        if temporal_ensemble > 0:
-            chunks = [(t0, c) for t0, c in chunks if t - t0 < len(c)]
-            w = np.exp(-temporal_ensemble * np.arange(len(chunks)))
-            action = sum(wi * c[t - t0] for wi, (t0, c) in zip(w, chunks)) / w.sum()
-        else:
-            action = chunks[-1][1][t - last]
+        action = chunker.next_action()
         obs, _, terminated, truncated, info = env.step(action.astype(np.float32))
         t += 1
         if record:
@@ -133,41 +128,43 @@ def _episode_job(spec: PolicySpec, env_kw: dict, run_kw: dict, episode: int, tas
 # ----------------------------------------------------------------------------- main side
 def evaluate(
     policy_factory: PolicySpec | Any,
-    suite: str = "builtin",
-    tasks: tuple[str, ...] | list[str] = (),
-    episodes: int = 100,
-    seed: int = 1_000_000,
-    num_workers: int = 2,
-    steps_per_chunk: int = 8,
-    temporal_ensemble: float = 0.0,
+    cfg: EvalConfig | None = None,
+    *,
     out_dir: str | Path | None = None,
-    videos: int = 4,
-    image_size: int = 64,
     cameras: tuple[str, ...] | list[str] = ("scene", "wrist"),
+    **overrides: Any,
 ) -> dict[str, Any]:
     """Evaluate a policy spec (or, with ``num_workers=0``, a policy object) on a suite.
 
+    ``cfg``: the evaluation settings (``EvalConfig``: suite, tasks, episodes, seed, num_workers,
+    steps_per_chunk, temporal_ensemble, image_size, videos); ``overrides``: any of its fields.
     Returns the ``eval.json`` dict: per-task and overall success with Wilson 95% CIs, the episode
     list and timing. With ``out_dir`` also writes eval.json, eval.png and up to ``videos`` mp4s
     (half successes, half failures when both exist).
     """
     from vlastack.sim.env import suite_tasks
 
-    names = suite_tasks(suite, tuple(tasks))
-    if episodes < 1 or steps_per_chunk < 1 or num_workers < 0 or temporal_ensemble < 0:
-        raise ValueError("need episodes >= 1, steps_per_chunk >= 1, num_workers >= 0, temporal_ensemble >= 0")
+    cfg = cfg or EvalConfig()
+    unknown = sorted(set(overrides) - {f.name for f in fields(EvalConfig)})
+    if unknown:
+        raise TypeError(f"evaluate() got unknown settings {unknown}; EvalConfig fields are accepted")
+    cfg = replace(cfg, **{k: tuple(v) if k == "tasks" else v for k, v in overrides.items()})
+    num_workers, videos = cfg.num_workers, cfg.videos
+    names = suite_tasks(cfg.suite, tuple(cfg.tasks))
+    if cfg.temporal_ensemble < 0:
+        raise ValueError(f"need temporal_ensemble >= 0, got {cfg.temporal_ensemble}")
     if num_workers > 0 and hasattr(policy_factory, "infer"):
         raise ValueError(
             "a policy object cannot be sent to worker processes; pass a spec ('random', 'expert', a "
             "checkpoint path or a picklable factory) or use num_workers=0"
         )
-    env_kw = {"image_size": image_size, "cameras": tuple(cameras), "suite": suite}
+    env_kw = {"image_size": cfg.image_size, "cameras": tuple(cameras), "suite": cfg.suite}
     run_kw = {
-        "steps_per_chunk": steps_per_chunk,
-        "temporal_ensemble": temporal_ensemble,
+        "steps_per_chunk": cfg.steps_per_chunk,
+        "temporal_ensemble": cfg.temporal_ensemble,
         "record": videos > 0,
     }
-    jobs = [(i, names[i % len(names)], seed + i) for i in range(episodes)]
+    jobs = [(i, names[i % len(names)], cfg.seed + i) for i in range(cfg.episodes)]
     name = policy_name(policy_factory)
     t0 = time.perf_counter()
     if num_workers == 0:
@@ -181,10 +178,11 @@ def evaluate(
     else:
         results = _run_parallel(policy_factory, env_kw, run_kw, jobs, num_workers, name)
     wall = time.perf_counter() - t0
-    res = summarize(results, names, name, suite, wall)
+    res = summarize(results, names, name, cfg.suite, wall)
     res["config"] = {
-        "episodes": episodes, "seed": seed, "num_workers": num_workers, "steps_per_chunk": steps_per_chunk,
-        "temporal_ensemble": temporal_ensemble, "image_size": image_size, "cameras": list(cameras),
+        "episodes": cfg.episodes, "seed": cfg.seed, "num_workers": num_workers,
+        "steps_per_chunk": cfg.steps_per_chunk, "temporal_ensemble": cfg.temporal_ensemble,
+        "image_size": cfg.image_size, "cameras": list(cameras),
     }  # fmt: skip
     if out_dir is not None:
         write_outputs(res, results, Path(out_dir), videos)

@@ -6,7 +6,7 @@ import argparse
 
 
 def register(sub, groups) -> None:
-    from vlastack.cli import add_config_args
+    from vlastack.cli_common import add_config_args
 
     t = sub.add_parser(
         "train",
@@ -34,7 +34,7 @@ def register(sub, groups) -> None:
 
 
 def _train(args: argparse.Namespace) -> int:
-    from vlastack.cli import config_from_args
+    from vlastack.cli_common import config_from_args
     from vlastack.train.trainer import Trainer
 
     cfg = config_from_args(args)

@@ -63,13 +63,6 @@ def check_dataset_fits(dataset, cfg: Config) -> list[str]:
     return warnings
 
 
-def fit_action_tokenizer(model: VLA, dataset, max_chunks: int = 10_000) -> None:
-    """Token head: fit (FAST) or size (bins) the action tokenizer on the first ``max_chunks`` training
-    chunks, in dataset order, so every rank and every resume fits the same tokenizer."""
-    loader = torch.utils.data.DataLoader(dataset, batch_size=256, shuffle=False, num_workers=0)
-    model.head.fit_tokenizer_from_batches(loader, max_chunks=max_chunks)
-
-
 class Trainer:
     def __init__(
         self,
@@ -115,8 +108,7 @@ class Trainer:
             if init.cfg != cfg.model:
                 raise ValueError(f"train.init_from={t.init_from}: its model config differs from model.*")
             model.load_state_dict(init.state_dict())
-        if cfg.model.head == "tokens":
-            fit_action_tokenizer(model, dataset)
+        model.head.prepare(dataset)  # e.g. the token head fits its action tokenizer
         self.frozen_parts = freeze_parts(model, t)
         if t.lora_rank > 0:
             base_dir = self.run_dir / "lora_base"
@@ -210,9 +202,7 @@ class Trainer:
             # merging writes into the base weights: copy, since ``state`` may alias the live model
             state = {k: v.clone() for k, v in state.items()}
         m.load_state_dict(state, assign=True)
-        if self.cfg.model.head == "tokens":  # the fitted action tokenizer is saved with the weights
-            m.head.end_id = self.model.head.end_id
-            m.head.attach_tokenizer(self.model.head.tokenizer)
+        m.head.copy_extra_from(self.model.head)  # e.g. a fitted action tokenizer
         if t.lora_rank > 0:
             save_file(
                 {k: v.contiguous() for k, v in lora_state_dict(m).items()},
@@ -425,20 +415,11 @@ class Trainer:
         if self.is_main:
             from vlastack.sim.evaluate import evaluate
 
-            e = self.cfg.eval
             policy_dir = ckpt / "ema" if (ckpt / "ema").is_dir() else ckpt
             res = evaluate(
                 str(policy_dir),
-                suite=e.suite,
-                tasks=e.tasks,
-                episodes=e.episodes,
-                seed=e.seed,
-                num_workers=e.num_workers,
-                steps_per_chunk=e.steps_per_chunk,
-                temporal_ensemble=e.temporal_ensemble,
+                self.cfg.eval,
                 out_dir=self.run_dir / "eval" / ck.step_name(self.step),
-                videos=e.videos,
-                image_size=e.image_size,
                 cameras=self.cfg.model.camera_names,
             )
             rate = res["overall"]["success_rate"]

@@ -5,16 +5,15 @@ Block-causal mask: prefix (images + text) bidirectional; the state token starts 
 tokens form the last block. Training regresses the velocity u = eps - a at x_t = t*eps + (1-t)*a.
 Sampling runs the prefix once into a static KV cache, then N Euler steps over the suffix only.
 
-With ``model.grounding`` on, the state token's input is [state | grounding] where grounding is
-``GroundingHead``'s prediction from the prefix (sampling) or the recorded positions plus noise
-(training; the head's regression loss is added, and with ``attend_weight`` a loss on where it
-looks). See models/grounding.py.
+Subclasses change what the state token reads through two hooks: ``state_extra_dim`` (more inputs
+beside the state) and ``condition_state`` (fills them from the prefix), plus ``train_velocity`` and
+``extra_losses`` for their training terms (see ``grounding.py``).
 """
 
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -22,12 +21,10 @@ from torch import Tensor, nn
 
 from vlastack.batch import Batch
 from vlastack.config import ModelConfig
-from vlastack.models.grounding import GroundingHead, attention_loss
+from vlastack.models.backbone import Backbone
+from vlastack.models.heads.base import ActionOutput, HeadBase
 from vlastack.nn.attention import block_causal_mask
 from vlastack.nn.kv_cache import StaticKVCache
-
-if TYPE_CHECKING:
-    from vlastack.models.vla import VLA
 
 
 def sincos_time_embedding(t: Tensor, dim: int, min_period: float, max_period: float) -> Tensor:
@@ -50,24 +47,33 @@ def sample_time(batch_size: int, device: torch.device, generator: torch.Generato
     return u.pow(1.0 / 1.5) * 0.999 + 0.001
 
 
-class FlowHead(nn.Module):
+def flow_mse(v: Tensor, u: Tensor, batch: Batch) -> dict[str, Tensor]:
+    """MSE between velocity v and target u [B, H, A] over real (unpadded) steps and dims."""
+    weight = (~batch["action_is_pad"])[:, :, None] & batch["action_dim_mask"][:, None, :]
+    weight = weight.float()
+    se = (v - u).pow(2) * weight
+    loss = se.sum() / weight.sum().clamp(min=1.0)
+    return {"loss": loss, "mse_per_sample": se.sum((1, 2)) / weight.sum((1, 2)).clamp(min=1.0)}
+
+
+class FlowHead(HeadBase):
     """Action-expert input/output layers plus the flow-matching loss and Euler sampler."""
+
+    uses_expert = True
+    state_extra_dim = 0  # inputs the state token reads beside the state (subclasses)
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.cfg = cfg
         w = cfg.expert.width
-        g = cfg.grounding
-        self.grounding = (
-            GroundingHead(cfg.vlm.width, cfg.num_cameras * cfg.vision.num_patches, g.points, g.key_dim,
-                          eps=cfg.vlm.norm_eps)
-            if g.points else None
-        )  # fmt: skip
-        self.state_proj = nn.Linear(cfg.state_dim + g.dim, w)
+        self.state_proj = nn.Linear(cfg.state_dim + self.state_extra_dim, w)
         self.action_in_proj = nn.Linear(cfg.action_dim, w)
         self.action_time_mlp_in = nn.Linear(2 * w, w)
         self.action_time_mlp_out = nn.Linear(w, w)
         self.action_out_proj = nn.Linear(w, cfg.action_dim)
+
+    def frozen_backbone_params(self, backbone: Backbone) -> list[str]:
+        return ["decoder." + n for n in backbone.decoder.unused_by_flow_head()]
 
     @property
     def suffix_len(self) -> int:
@@ -79,28 +85,31 @@ class FlowHead(nn.Module):
         starts[:2] = True
         return starts
 
-    def _decoder_kw(self) -> dict:
-        """The prefix outputs a forward needs: the grounding head's layer, if any."""
-        if self.grounding is None:
-            return {"vlm_output": False}
-        layer = self.cfg.grounding_layer
-        return {"vlm_output": layer == self.cfg.vlm.depth - 1, "vlm_hidden_at": layer}
+    # ------------------------------------------------------------------ hooks for add-ons
+
+    def prefill_kw(self) -> dict[str, Any]:
+        """Decoder options for the prefix pass (an add-on may ask for a VLM layer's output)."""
+        return {"vlm_output": False}
 
     def condition_state(self, state: Tensor, hidden: Tensor | None, prefix_pad: Tensor) -> Tensor:
-        """state [B, S] -> the state token's input [B, S + G]: the grounding prediction appended."""
-        if self.grounding is None:
-            return state
-        return torch.cat([state, self.grounding(hidden, prefix_pad).to(state.dtype)], dim=-1)
+        """state [B, S] -> the state token's input [B, S + state_extra_dim]. ``hidden``: the
+        prefix pass's ``DecoderOutput.hidden`` (None unless ``prefill_kw`` asked for it)."""
+        return state
 
-    def predict_grounding(self, vla: VLA, batch: Batch) -> Tensor:
-        """The grounding head's prediction, normalized units. -> fp32 [B, G]."""
-        if self.grounding is None:
-            raise ValueError("this model has no grounding head (model.grounding.points is 0)")
-        prefix, pad = vla.embed_prefix(batch)
-        return self.grounding(self._prefill(vla, prefix, pad)[3], pad)
+    def train_velocity(
+        self, backbone: Backbone, batch: Batch, prefix: Tensor, prefix_pad: Tensor, x_t: Tensor, t: Tensor
+    ) -> tuple[Tensor, Any]:
+        """Training forward -> (v fp32 [B, H, A], whatever ``extra_losses`` needs)."""
+        return self.velocity_full(backbone, prefix, prefix_pad, batch["state"], x_t, t), None
+
+    def extra_losses(self, out: dict[str, Tensor], aux: Any, batch: Batch) -> dict[str, Tensor]:
+        """Add terms to the flow loss ``out`` (``aux`` from ``train_velocity``)."""
+        return out
+
+    # ------------------------------------------------------------------ training
 
     def embed_suffix(self, state: Tensor, x_t: Tensor, t: Tensor) -> Tensor:
-        """state [B, S(+G)], x_t [B, H, A], t [B] -> suffix tokens [B, 1 + H, We]."""
+        """state [B, S(+extra)], x_t [B, H, A], t [B] -> suffix tokens [B, 1 + H, We]."""
         c = self.cfg
         state_tok = self.state_proj(state)[:, None]
         act = self.action_in_proj(x_t)
@@ -110,73 +119,33 @@ class FlowHead(nn.Module):
         return torch.cat([state_tok.to(h.dtype), h], dim=1)
 
     def velocity_full(
-        self, vla: VLA, prefix: Tensor, prefix_pad: Tensor, state: Tensor, x_t: Tensor, t: Tensor
+        self, backbone: Backbone, prefix: Tensor, prefix_pad: Tensor, state: Tensor, x_t: Tensor, t: Tensor
     ) -> Tensor:
         """Uncached: prefix + suffix through the joint decoder; ``state`` is the conditioned state
-        [B, S(+G)]. -> v fp32 [B, H, A]."""
+        [B, S(+extra)]. -> v fp32 [B, H, A]."""
         b, p = prefix_pad.shape
         suffix = self.embed_suffix(state, x_t, t)
         pad = torch.cat([prefix_pad, prefix_pad.new_ones(b, self.suffix_len)], dim=1)
         starts = torch.cat([prefix_pad.new_zeros(p), self.suffix_block_starts(prefix.device)])
         mask = block_causal_mask(pad, starts)
         positions = pad.long().cumsum(-1) - 1
-        out = vla.decoder([prefix, suffix], positions, mask, vlm_output=False)[1]
+        out = backbone.decoder([prefix, suffix], positions, mask, vlm_output=False).expert
         return self.action_out_proj(out[:, 1:]).float()
 
     def loss(
-        self, vla: VLA, batch: Batch, noise: Tensor | None = None, time: Tensor | None = None
+        self, backbone: Backbone, batch: Batch, noise: Tensor | None = None, time: Tensor | None = None
     ) -> dict[str, Tensor]:
-        """Flow-matching MSE over real (unpadded) steps and dims. -> {"loss": scalar fp32, ...}."""
+        """Flow-matching MSE over real (unpadded) steps and dims. -> {"loss": scalar fp32, ...}.
+        ``noise`` [B, H, A] and ``time`` [B]: fixed draws (tests), else sampled."""
         actions = batch["actions"].float()
         b = actions.shape[0]
         eps = torch.randn_like(actions) if noise is None else noise.float()
         t = sample_time(b, actions.device) if time is None else time.float()
         x_t = t[:, None, None] * eps + (1 - t[:, None, None]) * actions
         u = eps - actions
-        prefix, prefix_pad = vla.embed_prefix(batch)
-        state, g = batch["state"], self.cfg.grounding
-        if self.grounding is None:
-            v = self.velocity_full(vla, prefix, prefix_pad, state, x_t, t)
-        else:
-            target = batch["env_state"].float()
-            forced = target + g.noise * torch.randn_like(target)  # teacher forcing: recorded + noise
-            v, pred, look = self._velocity_grounded(vla, prefix, prefix_pad, state, forced, x_t, t)
-        weight = (~batch["action_is_pad"])[:, :, None] & batch["action_dim_mask"][:, None, :]
-        weight = weight.float()
-        se = (v - u).pow(2) * weight
-        loss = se.sum() / weight.sum().clamp(min=1.0)
-        out = {"loss": loss, "mse_per_sample": se.sum((1, 2)) / weight.sum((1, 2)).clamp(min=1.0)}
-        if self.grounding is not None:
-            ground = (pred - target).pow(2).mean()
-            out.update(flow_loss=loss, grounding_loss=ground, loss=loss + g.weight * ground)
-            if g.attend_weight:
-                grid = self.cfg.vision.image_size // self.cfg.vision.patch_size
-                attend = attention_loss(look, batch["env_uv"], grid)
-                out.update(attend_loss=attend, loss=out["loss"] + g.attend_weight * attend)
-        return out
-
-    def _velocity_grounded(
-        self,
-        vla: VLA,
-        prefix: Tensor,
-        prefix_pad: Tensor,
-        state: Tensor,
-        forced: Tensor,
-        x_t: Tensor,
-        t: Tensor,
-    ) -> tuple[Tensor, Tensor]:
-        """Training with grounding: the prefix runs first, into a cache (with gradients), then the
-        suffix against it, as in sampling. The same math as the joint pass, and 8% faster on the
-        demo model, since prefix queries skip the suffix keys. The state token gets ``forced``
-        [B, G], or per sample with probability 1 - ``teacher_forcing`` the head's own prediction.
-        -> (v fp32 [B, H, A], prediction fp32 [B, G], the head's attention fp32 [B, K, image tokens])."""
-        cache, positions, mask, hidden = self._prefill(vla, prefix, prefix_pad)
-        pred, look = self.grounding.attend(hidden, prefix_pad)
-        fed, tf = forced, self.cfg.grounding.teacher_forcing
-        if tf < 1:
-            fed = torch.where(torch.rand(pred.shape[0], 1, device=pred.device) < tf, forced, pred)
-        state = torch.cat([state, fed.to(state.dtype)], dim=-1)
-        return self.denoise_step(vla, cache, state, x_t, t, positions, mask), pred, look
+        prefix, prefix_pad = backbone.embed_prefix(batch)
+        v, aux = self.train_velocity(backbone, batch, prefix, prefix_pad, x_t, t)
+        return self.extra_losses(flow_mse(v, u, batch), aux, batch)
 
     # ------------------------------------------------------------------ sampling
 
@@ -188,28 +157,28 @@ class FlowHead(nn.Module):
         return torch.cat([prefix_pad[:, None, None, :].expand(b, 1, s, p), suffix], dim=-1)
 
     def new_cache(
-        self, vla: VLA, batch_size: int, dtype: torch.dtype, device: torch.device | str
+        self, backbone: Backbone, batch_size: int, dtype: torch.dtype, device: torch.device | str
     ) -> StaticKVCache:
         """A cache that fits this model's prefix + suffix, to reuse across ``sample`` calls.
         ``dtype``: the k/v dtype the decoder computes in (bf16 under bf16 autocast)."""
-        return vla.decoder.new_cache(batch_size, self.cfg.prefix_len + self.suffix_len, dtype, device)
+        return backbone.decoder.new_cache(batch_size, self.cfg.prefix_len + self.suffix_len, dtype, device)
 
     def prefill(
-        self, vla: VLA, batch: Batch, cache: StaticKVCache | None = None
+        self, backbone: Backbone, batch: Batch, cache: StaticKVCache | None = None
     ) -> tuple[StaticKVCache, Tensor, Tensor, Tensor]:
         """Run the prefix once into ``cache`` (every slot is rewritten before it is read), or a
-        fresh one. -> (cache, step positions [B, 1+H], step mask, conditioned state [B, S(+G)])."""
-        prefix, prefix_pad = vla.embed_prefix(batch)
-        cache, positions, mask, hidden = self._prefill(vla, prefix, prefix_pad, cache)
+        fresh one. -> (cache, step positions [B, 1+H], step mask, conditioned state [B, S(+extra)])."""
+        prefix, prefix_pad = backbone.embed_prefix(batch)
+        cache, positions, mask, hidden = self.prefill_prefix(backbone, prefix, prefix_pad, cache)
         return cache, positions, mask, self.condition_state(batch["state"], hidden, prefix_pad)
 
-    def _prefill(
-        self, vla: VLA, prefix: Tensor, prefix_pad: Tensor, cache: StaticKVCache | None = None
+    def prefill_prefix(
+        self, backbone: Backbone, prefix: Tensor, prefix_pad: Tensor, cache: StaticKVCache | None = None
     ) -> tuple[StaticKVCache, Tensor, Tensor, Tensor | None]:
-        """-> (cache, step positions, step mask, VLM hidden for the grounding head or None)."""
+        """-> (cache, step positions, step mask, the VLM hidden ``prefill_kw`` asked for, or None)."""
         b, p = prefix_pad.shape
         if cache is None:
-            cache = vla.decoder.new_cache(b, p + self.suffix_len, prefix.dtype, prefix.device)
+            cache = backbone.decoder.new_cache(b, p + self.suffix_len, prefix.dtype, prefix.device)
         elif cache.k[0].shape[0] != b or cache.max_len != p + self.suffix_len:
             raise ValueError(
                 f"cache holds batch {cache.k[0].shape[0]} x {cache.max_len} slots; this call needs "
@@ -217,22 +186,16 @@ class FlowHead(nn.Module):
             )
         positions = prefix_pad.long().cumsum(-1) - 1
         mask = block_causal_mask(prefix_pad, prefix_pad.new_zeros(p))
-        outs = vla.decoder(
-            [prefix, None],
-            positions,
-            mask,
-            cache=cache,
-            cache_pos=0,
-            attend_cache=False,
-            **self._decoder_kw(),
+        out = backbone.decoder(
+            [prefix, None], positions, mask, cache=cache, cache_pos=0, attend_cache=False, **self.prefill_kw()
         )
         n_valid = prefix_pad.long().sum(-1, keepdim=True)  # [B, 1]
         step_positions = n_valid + torch.arange(self.suffix_len, device=prefix.device)[None]
-        return cache, step_positions, self.step_mask(prefix_pad), outs[2] if self.grounding else None
+        return cache, step_positions, self.step_mask(prefix_pad), out.hidden
 
     def denoise_step(
         self,
-        vla: VLA,
+        backbone: Backbone,
         cache: StaticKVCache,
         state: Tensor,
         x_t: Tensor,
@@ -240,17 +203,17 @@ class FlowHead(nn.Module):
         positions: Tensor,
         mask: Tensor,
     ) -> Tensor:
-        """One velocity evaluation against the cached prefix. state [B, S(+G)] (conditioned, from
-        ``prefill``), x_t [B, H, A], t [B] -> v fp32 [B, H, A].
+        """One velocity evaluation against the cached prefix. state [B, S(+extra)] (conditioned,
+        from ``prefill``), x_t [B, H, A], t [B] -> v fp32 [B, H, A].
 
         Only the 1+H suffix tokens run; their k/v overwrite the cache's suffix slots by index.
         """
         suffix = self.embed_suffix(state, x_t, t)
         p = cache.max_len - self.suffix_len
-        _, out = vla.decoder([None, suffix], positions, mask, cache=cache, cache_pos=p, attend_cache=True)
-        return self.action_out_proj(out[:, 1:]).float()
+        out = backbone.decoder([None, suffix], positions, mask, cache=cache, cache_pos=p, attend_cache=True)
+        return self.action_out_proj(out.expert[:, 1:]).float()
 
-    def compile_decoding(self, **kwargs) -> None:
+    def compile_decoding(self, **kwargs: Any) -> None:
         """torch.compile the prefix pass and the denoise step apart (fullgraph), as the token head's
         ``compile_decoding``: a graph 1/N the size of the unrolled sampler, so it compiles ~N times
         faster for N steps. ``kwargs`` (e.g. ``mode="reduce-overhead"`` for CUDA graphs) go to the
@@ -264,13 +227,13 @@ class FlowHead(nn.Module):
 
     def sample(
         self,
-        vla: VLA,
+        backbone: Backbone,
         batch: Batch,
         noise: Tensor | None = None,
         num_steps: int | None = None,
         cache: StaticKVCache | None = None,
-    ) -> Tensor:
-        """Euler integration from t=1 (noise) to t=0. -> normalized actions fp32 [B, H, A].
+    ) -> ActionOutput:
+        """Euler integration from t=1 (noise) to t=0. -> ActionOutput(actions fp32 [B, H, A], None).
 
         Fixed shapes and no host syncs: compilable without graph breaks (the loop unrolls).
         """
@@ -280,21 +243,27 @@ class FlowHead(nn.Module):
         device = batch["state"].device
         x = torch.randn(b, c.action_horizon, c.action_dim, device=device) if noise is None else noise.float()
         x = x * c.noise_scale  # noise is standard normal; the config sets the temperature
-        cache, positions, mask, state = self.prefill(vla, batch, cache)
+        cache, positions, mask, state = self.prefill(backbone, batch, cache)
         dt = -1.0 / n
         for i in range(n):
             t = torch.full((b,), 1.0 + i * dt, device=device)
-            x = x + dt * self.denoise_step(vla, cache, state, x, t, positions, mask)
-        return x
+            x = x + dt * self.denoise_step(backbone, cache, state, x, t, positions, mask)
+        return ActionOutput(x)
 
-    def sample_uncached(self, vla: VLA, batch: Batch, noise: Tensor, num_steps: int | None = None) -> Tensor:
+    def uncached_state(self, backbone: Backbone, prefix: Tensor, prefix_pad: Tensor, state: Tensor) -> Tensor:
+        """``condition_state`` for the uncached reference sampler (an add-on that reads the prefix
+        pass overrides it)."""
+        return self.condition_state(state, None, prefix_pad)
+
+    def sample_uncached(
+        self, backbone: Backbone, batch: Batch, noise: Tensor, num_steps: int | None = None
+    ) -> Tensor:
         """Reference sampler that recomputes the whole sequence every step (for tests). -> [B, H, A]."""
         n = num_steps or self.cfg.num_denoise_steps
-        prefix, prefix_pad = vla.embed_prefix(batch)
-        hidden = self._prefill(vla, prefix, prefix_pad)[3] if self.grounding is not None else None
-        state = self.condition_state(batch["state"], hidden, prefix_pad)
+        prefix, prefix_pad = backbone.embed_prefix(batch)
+        state = self.uncached_state(backbone, prefix, prefix_pad, batch["state"])
         x, dt = noise.float() * self.cfg.noise_scale, -1.0 / n
         for i in range(n):
             t = torch.full((x.shape[0],), 1.0 + i * dt, device=x.device)
-            x = x + dt * self.velocity_full(vla, prefix, prefix_pad, state, x, t)
+            x = x + dt * self.velocity_full(backbone, prefix, prefix_pad, state, x, t)
         return x

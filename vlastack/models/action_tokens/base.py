@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable
 from pathlib import Path
+from typing import ClassVar
 
 import numpy as np
 
@@ -120,6 +121,14 @@ class ActionTokenizer:
     """Shared plumbing. Subclasses implement ``_encode_internal`` / ``_decode_internal``."""
 
     kind = ""
+    # Subclasses by ``kind``, filled as they are defined, so ``load`` finds the class a folder names
+    # without this module importing its subclasses (``fast.py`` imports this one).
+    KINDS: ClassVar[dict[str, type[ActionTokenizer]]] = {}
+
+    def __init_subclass__(cls, **kwargs: object) -> None:
+        super().__init_subclass__(**kwargs)
+        if cls.kind:
+            ActionTokenizer.KINDS[cls.kind] = cls
 
     def __init__(self, horizon: int, action_dim: int, placement: TokenPlacement) -> None:
         if horizon <= 0 or action_dim <= 0:
@@ -224,11 +233,24 @@ class ActionTokenizer:
 
     @classmethod
     def load(cls, directory: str | Path) -> ActionTokenizer:
-        """Load a saved tokenizer (of this class or a subclass)."""
-        tok = load_action_tokenizer(directory)
+        """Load a saved tokenizer (of this class or a subclass); inverse of ``save``."""
+        d = Path(directory)
+        path = d / CONFIG_FILE
+        if not path.is_file():
+            raise ValueError(f"no {CONFIG_FILE} in {d}; was the action tokenizer saved there?")
+        meta = json.loads(path.read_text())
+        kind = ActionTokenizer.KINDS.get(meta["type"])
+        if kind is None:
+            raise ValueError(f"{path}: unknown action tokenizer type {meta['type']!r}")
+        tok = kind.from_saved(d, meta, TokenPlacement.from_json(meta["placement"]))
         if not isinstance(tok, cls):
             raise ValueError(f"{directory} holds a {tok.kind!r} action tokenizer, not {cls.__name__}")
         return tok
+
+    @classmethod
+    def from_saved(cls, directory: Path, meta: dict, placement: TokenPlacement) -> ActionTokenizer:
+        """Rebuild from the saved ``meta`` (the JSON written by ``save``) and ``placement``."""
+        raise NotImplementedError
 
     def _require_fitted(self) -> None:
         if not self.is_fitted:
@@ -268,38 +290,6 @@ class BinTokenizer(ActionTokenizer):
     def _state(self) -> dict:
         return {"num_bins": self.num_bins}
 
-
-def make_action_tokenizer(
-    token_cfg, vocab_size: int, horizon: int, action_dim: int, special_ids: Iterable[int] = ()
-) -> ActionTokenizer:
-    """Build an (unfitted, for FAST) tokenizer from a ``TokenHeadConfig``.
-
-    ``vocab_size``/``special_ids`` describe the LM text tokenizer (e.g. pad/bos/eos ids).
-    """
-    if token_cfg.tokenizer == "bins":
-        placement = TokenPlacement(token_cfg.placement, token_cfg.num_bins, vocab_size, special_ids)
-        return BinTokenizer(horizon, action_dim, placement, token_cfg.num_bins)
-    if token_cfg.tokenizer == "fast":
-        from vlastack.models.fast import FastTokenizer
-
-        # Reserve the configured BPE size up front so the LM size is known before fitting.
-        placement = TokenPlacement(token_cfg.placement, token_cfg.fast_vocab_size, vocab_size, special_ids)
-        return FastTokenizer(horizon, action_dim, placement, scale=token_cfg.fast_scale)
-    raise ValueError(f"unknown action tokenizer {token_cfg.tokenizer!r}; expected 'bins' or 'fast'")
-
-
-def load_action_tokenizer(directory: str | Path) -> ActionTokenizer:
-    """Inverse of ``ActionTokenizer.save``."""
-    d = Path(directory)
-    path = d / CONFIG_FILE
-    if not path.is_file():
-        raise ValueError(f"no {CONFIG_FILE} in {d}; was the action tokenizer saved there?")
-    meta = json.loads(path.read_text())
-    placement = TokenPlacement.from_json(meta["placement"])
-    if meta["type"] == "bins":
-        return BinTokenizer(meta["horizon"], meta["action_dim"], placement, meta["num_bins"])
-    if meta["type"] == "fast":
-        from vlastack.models.fast import FastTokenizer
-
-        return FastTokenizer.from_saved(d, meta, placement)
-    raise ValueError(f"{path}: unknown action tokenizer type {meta['type']!r}")
+    @classmethod
+    def from_saved(cls, directory: Path, meta: dict, placement: TokenPlacement) -> BinTokenizer:
+        return cls(meta["horizon"], meta["action_dim"], placement, meta["num_bins"])

@@ -13,8 +13,8 @@ an L1 regression head for continuous output.
 
 The action tokenizer covers the real (leading) action dims; padded dims decode to 0. It is fitted
 before training with ``fit_tokenizer`` and saved beside the weights (``action_tokenizer/``).
-``last_valid`` holds the validity flags of the latest ``sample`` (an invalid FAST sequence gives a
-zero chunk flagged False, never a silent zero action).
+``sample`` returns validity flags with the actions (an invalid FAST sequence gives a zero chunk
+flagged False, never a silent zero action).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import json
 import math
 from collections.abc import Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Any
 
 import numpy as np
 import torch
@@ -32,13 +32,12 @@ from torch import Tensor, nn
 
 from vlastack.batch import Batch
 from vlastack.config import ModelConfig
-from vlastack.models.action_tokenizer import ActionTokenizer, load_action_tokenizer, make_action_tokenizer
+from vlastack.models.action_tokens import ActionTokenizer, load_action_tokenizer, make_action_tokenizer
+from vlastack.models.backbone import Backbone
+from vlastack.models.heads.base import ActionHead, ActionOutput, HeadBase
 from vlastack.models.tokenizer import load_tokenizer
 from vlastack.nn.attention import block_causal_mask
 from vlastack.nn.kv_cache import StaticKVCache
-
-if TYPE_CHECKING:
-    from vlastack.models.vla import VLA
 
 TOKENIZER_DIR = "action_tokenizer"
 HEAD_FILE = "token_head.json"
@@ -53,7 +52,7 @@ def hold_last_step(actions: Tensor, is_pad: Tensor) -> Tensor:
     return actions.gather(1, src[:, :, None].expand_as(actions))
 
 
-class TokenHead(nn.Module):
+class TokenHead(HeadBase):
     """State/new-row embeddings, OFT queries and regression head, plus loss and decoders."""
 
     def __init__(self, cfg: ModelConfig) -> None:
@@ -72,7 +71,6 @@ class TokenHead(nn.Module):
         self.regression = nn.Linear(w, 1) if tc.regression_head else None
         self._tokenizer: ActionTokenizer | None = None
         self.end_id: int | None = None
-        self.last_valid: Tensor | None = None
 
     # ------------------------------------------------------------------ tokenizer
 
@@ -183,6 +181,25 @@ class TokenHead(nn.Module):
         cat = [torch.cat(t)[:max_chunks] for t in (acts, pads, dims)]
         return self.fit_tokenizer(*cat)
 
+    def prepare(self, dataset: Any, max_chunks: int = 10_000) -> None:
+        """Fit (FAST) or size (bins) the action tokenizer on the first ``max_chunks`` training
+        chunks, in dataset order, so every rank and every resume fits the same tokenizer."""
+        loader = torch.utils.data.DataLoader(dataset, batch_size=256, shuffle=False, num_workers=0)
+        self.fit_tokenizer_from_batches(loader, max_chunks=max_chunks)
+
+    def copy_extra_from(self, other: ActionHead) -> None:
+        """The fitted action tokenizer is saved with the weights: carry it to an exported copy."""
+        assert isinstance(other, TokenHead)
+        self.end_id = other.end_id
+        self.attach_tokenizer(other.tokenizer)
+
+    def check_exportable(self) -> None:
+        if self.cfg.tokens.tokenizer == "fast":
+            raise ValueError(
+                "a FAST token head cannot be exported: its tokens are decoded by BPE + inverse DCT in "
+                "Python. Export the flow head or a bins token head (autoregressive or parallel)."
+            )
+
     def save_extra(self, path: Path) -> None:
         """Called by ``VLA.save_pretrained``: writes ``action_tokenizer/`` (if one is attached/buildable)."""
         if self._tokenizer is None and self.cfg.tokens.tokenizer != "bins":
@@ -205,25 +222,25 @@ class TokenHead(nn.Module):
         fixed = self.tokenizer.fixed_length
         return fixed if fixed is not None else self.cfg.tokens.max_action_tokens + 1
 
-    def embed_ids(self, vla: VLA, ids: Tensor) -> Tensor:
+    def embed_ids(self, backbone: Backbone, ids: Tensor) -> Tensor:
         """LM ids [B, T] (including new rows) -> [B, T, W], scaled like text embeddings."""
         v = self.cfg.vlm.vocab_size
-        base = vla.decoder.embed(ids.clamp(max=v - 1))
+        base = backbone.decoder.embed(ids.clamp(max=v - 1))
         if self.new_rows is None:
             return base
         extra = self.new_rows((ids - v).clamp(min=0)) * math.sqrt(self.cfg.vlm.width)
         return torch.where((ids >= v)[..., None], extra.to(base.dtype), base)
 
-    def logits(self, vla: VLA, h: Tensor) -> Tensor:
+    def logits(self, backbone: Backbone, h: Tensor) -> Tensor:
         """Final hidden states [..., W] -> fp32 logits [..., vocab (+ new rows)]."""
-        out = vla.decoder.logits(h)
+        out = backbone.decoder.logits(h)
         if self.new_rows is None:
             return out
         return torch.cat([out, (h @ self.new_rows.weight.t().to(h.dtype)).float()], dim=-1)
 
-    def embed_prompt(self, vla: VLA, batch: Batch) -> tuple[Tensor, Tensor]:
+    def embed_prompt(self, backbone: Backbone, batch: Batch) -> tuple[Tensor, Tensor]:
         """-> prompt [B, P', W] (images, text, state tokens) and its pad mask bool [B, P']."""
-        prefix, pad = vla.embed_prefix(batch)
+        prefix, pad = backbone.embed_prefix(batch)
         state = batch["state"]
         if self.cfg.tokens.state_input == "continuous":
             st = self.state_proj(state.to(self.state_proj.weight.dtype))[:, None]
@@ -266,10 +283,10 @@ class TokenHead(nn.Module):
             weight[i, : n + 1 if len(s) < length else n] = 1.0
         return ids.to(acts.device), weight.to(acts.device), acts
 
-    def _run(self, vla: VLA, batch: Batch, actions_in: Tensor, causal: bool) -> Tensor:
+    def _run(self, backbone: Backbone, batch: Batch, actions_in: Tensor, causal: bool) -> Tensor:
         """Prompt + action-position inputs [B, T, W] through the LM -> hidden [B, T + 1, W] from
         the last prompt position on."""
-        prompt, pad = self.embed_prompt(vla, batch)
+        prompt, pad = self.embed_prompt(backbone, batch)
         b, p = pad.shape
         t = actions_in.shape[1]
         pad_all = torch.cat([pad, pad.new_ones(b, t)], dim=1)
@@ -281,20 +298,21 @@ class TokenHead(nn.Module):
             starts[p] = True
         mask = block_causal_mask(pad_all, starts)
         positions = pad_all.long().cumsum(-1) - 1
-        h, _ = vla.decoder([torch.cat([prompt, actions_in.to(prompt.dtype)], dim=1), None], positions, mask)
+        h = backbone.decoder(
+            [torch.cat([prompt, actions_in.to(prompt.dtype)], dim=1), None], positions, mask
+        ).vlm
         return h[:, p - 1 :]
 
-    def loss(self, vla: VLA, batch: Batch, **_: object) -> dict[str, Tensor]:
-        """Cross-entropy on the action tokens only (+ L1 when regression_head). -> {"loss", ...}.
-        Flow-head keywords (noise, time) are accepted and ignored."""
+    def loss(self, backbone: Backbone, batch: Batch) -> dict[str, Tensor]:
+        """Cross-entropy on the action tokens only (+ L1 when regression_head). -> {"loss", ...}."""
         ids, weight, acts = self.targets(batch)
         b, length = ids.shape
         if self.cfg.tokens.decoding == "parallel":
             queries = self.action_queries.weight[:length][None].expand(b, -1, -1)
-            h = self._run(vla, batch, queries, causal=False)[:, 1:]
+            h = self._run(backbone, batch, queries, causal=False)[:, 1:]
         else:  # teacher forcing: position i predicts token i from the prompt and tokens < i
-            h = self._run(vla, batch, self.embed_ids(vla, ids[:, :-1]), causal=True)
-        logits = self.logits(vla, h)
+            h = self._run(backbone, batch, self.embed_ids(backbone, ids[:, :-1]), causal=True)
+        logits = self.logits(backbone, h)
         ce = F.cross_entropy(logits.flatten(0, 1), ids.flatten(), reduction="none").view(b, length)
         denom = weight.sum().clamp(min=1.0)
         out = {"ce": (ce * weight).sum() / denom}
@@ -317,20 +335,21 @@ class TokenHead(nn.Module):
             logits = logits / temperature - torch.log(-torch.log(u))
         return logits.argmax(-1)
 
-    def prefill(self, vla: VLA, batch: Batch) -> tuple[StaticKVCache, Tensor, Tensor, Tensor]:
+    def prefill(self, backbone: Backbone, batch: Batch) -> tuple[StaticKVCache, Tensor, Tensor, Tensor]:
         """Prompt into a fresh cache of P' + num_steps slots. -> (cache, logits [B, V] for token 0,
         prompt pad mask [B, P'], number of real prompt tokens [B])."""
-        prompt, pad = self.embed_prompt(vla, batch)
+        prompt, pad = self.embed_prompt(backbone, batch)
         b, p = pad.shape
-        cache = vla.decoder.new_cache(b, p + self.num_steps, prompt.dtype, prompt.device)
+        cache = backbone.decoder.new_cache(b, p + self.num_steps, prompt.dtype, prompt.device)
         mask = block_causal_mask(pad, pad.new_zeros(p))
         positions = pad.long().cumsum(-1) - 1
-        h, _ = vla.decoder([prompt, None], positions, mask, cache=cache, cache_pos=0, attend_cache=False)
-        return cache, self.logits(vla, h[:, -1]), pad, pad.long().sum(-1)
+        out = backbone.decoder([prompt, None], positions, mask, cache=cache, cache_pos=0, attend_cache=False)
+        h = out.vlm
+        return cache, self.logits(backbone, h[:, -1]), pad, pad.long().sum(-1)
 
     def decode_step(
         self,
-        vla: VLA,
+        backbone: Backbone,
         cache: StaticKVCache,
         prev: Tensor,
         done: Tensor,
@@ -343,29 +362,31 @@ class TokenHead(nn.Module):
         token step + 1. done [B]: sequences past their end token, which keep emitting it.
         -> (next ids [B], done [B]). Fixed shapes, no host sync: compiles without graph breaks."""
         b, p = pad.shape
-        x = self.embed_ids(vla, prev[:, None])
+        x = self.embed_ids(backbone, prev[:, None])
         positions = (n_valid + step)[:, None]
         seen = torch.arange(cache.max_len - p, device=pad.device) <= step
         mask = torch.cat([pad, seen[None].expand(b, -1)], dim=1)[:, None, None, :]
         slot = (step + p).reshape(1)
-        h, _ = vla.decoder([x, None], positions, mask, cache=cache, cache_pos=slot, attend_cache=True)
-        nxt = self.pick(self.logits(vla, h[:, 0]), temperature)
+        h = backbone.decoder([x, None], positions, mask, cache=cache, cache_pos=slot, attend_cache=True).vlm
+        nxt = self.pick(self.logits(backbone, h[:, 0]), temperature)
         if self.end_id is None:
             return nxt, done
         nxt = torch.where(done, torch.full_like(nxt, self.end_id), nxt)
         return nxt, done | (nxt == self.end_id)
 
-    def generate(self, vla: VLA, batch: Batch, temperature: float | None = None) -> tuple[Tensor, Tensor]:
+    def generate(
+        self, backbone: Backbone, batch: Batch, temperature: float | None = None
+    ) -> tuple[Tensor, Tensor]:
         """Autoregressive decoding with the static cache. -> ids int64 [B, num_steps], lengths [B]
         (action tokens before the first end token)."""
         temp = self.cfg.tokens.temperature if temperature is None else temperature
-        cache, logits, pad, n_valid = self.prefill(vla, batch)
+        cache, logits, pad, n_valid = self.prefill(backbone, batch)
         tok = self.pick(logits, temp)
         done = tok == self.end_id if self.end_id is not None else torch.zeros_like(tok, dtype=torch.bool)
         out = [tok]
         steps = torch.arange(self.num_steps, device=pad.device)
         for i in range(self.num_steps - 1):
-            tok, done = self.decode_step(vla, cache, tok, done, steps[i], pad, n_valid, temp)
+            tok, done = self.decode_step(backbone, cache, tok, done, steps[i], pad, n_valid, temp)
             out.append(tok)
         return torch.stack(out, dim=1), self._lengths(torch.stack(out, dim=1))
 
@@ -392,19 +413,14 @@ class TokenHead(nn.Module):
         out[:, :, : tok.action_dim] = chunk
         return out, valid
 
-    def sample(
-        self, vla: VLA, batch: Batch, noise: Tensor | None = None, num_steps: int | None = None
-    ) -> Tensor:
-        """-> normalized actions fp32 [B, H, A] in [-1, 1]; validity in ``self.last_valid`` [B].
-        ``noise``/``num_steps`` belong to the flow head and are ignored."""
+    def sample(self, backbone: Backbone, batch: Batch, noise: Tensor | None = None) -> ActionOutput:
+        """-> ActionOutput(normalized actions fp32 [B, H, A] in [-1, 1], valid bool [B]).
+        ``noise`` is a flow head's input and is ignored (sampling randomness is the temperature)."""
         if self.cfg.tokens.decoding == "parallel":
-            actions, valid = self.sample_parallel(vla, batch)
-        else:
-            actions, valid = self.decode_actions(*self.generate(vla, batch))
-        self.last_valid = valid
-        return actions
+            return ActionOutput(*self.sample_parallel(backbone, batch))
+        return ActionOutput(*self.decode_actions(*self.generate(backbone, batch)))
 
-    def compile_decoding(self, **kwargs) -> None:
+    def compile_decoding(self, **kwargs: Any) -> None:
         """torch.compile the hot part (fullgraph): the per-token decode step, or the one parallel
         pass. The Python loop, prefill and FAST's BPE decode stay eager."""
         kwargs = {"fullgraph": True, "dynamic": False, **kwargs}
@@ -414,12 +430,12 @@ class TokenHead(nn.Module):
         else:
             self.decode_step = torch.compile(self.decode_step, **kwargs)
 
-    def sample_parallel(self, vla: VLA, batch: Batch) -> tuple[Tensor, Tensor]:
+    def sample_parallel(self, backbone: Backbone, batch: Batch) -> tuple[Tensor, Tensor]:
         """OFT: every action position in one forward pass. -> (actions [B, H, A], valid [B])."""
         b, length = batch["state"].shape[0], self.num_steps
         queries = self.action_queries.weight[:length][None].expand(b, -1, -1)
-        h = self._run(vla, batch, queries, causal=False)[:, 1:]
-        ids = self.pick(self.logits(vla, h), 0.0)
+        h = self._run(backbone, batch, queries, causal=False)[:, 1:]
+        ids = self.pick(self.logits(backbone, h), 0.0)
         actions, valid = self.decode_actions(ids, self._lengths(ids))
         if self.regression is not None:
             ad = self.tokenizer.action_dim

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 from tokenizers import Tokenizer, models, trainers
 
-from vlastack.models.action_tokenizer import ActionTokenizer, TokenPlacement, _as_chunks
+from vlastack.models.action_tokens.base import ActionTokenizer, TokenPlacement, _as_chunks
 
 BPE_FILE = "fast_bpe.json"
 # Integers are stored as characters from here on: past ASCII/Latin-1 so no whitespace or control

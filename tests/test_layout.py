@@ -1,0 +1,86 @@
+"""Package layout rules: no import cycles (counting lazy, in-function and ``TYPE_CHECKING``
+imports too) and no file over 800 lines."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PKG = Path(__file__).resolve().parents[1] / "vlastack"
+MAX_LINES = 800
+
+
+def _module_name(path: Path) -> str:
+    rel = path.relative_to(PKG.parent).with_suffix("")
+    parts = rel.parts[:-1] if rel.name == "__init__" else rel.parts
+    return ".".join(parts)
+
+
+def import_graph() -> dict[str, set[str]]:
+    """module -> the package modules it imports anywhere in its source (top level, inside functions,
+    under ``if TYPE_CHECKING``). ``from a.b import c`` counts as importing ``a.b.c`` when that is a
+    module, else ``a.b``."""
+    files = {_module_name(p): p for p in PKG.rglob("*.py")}
+    graph: dict[str, set[str]] = {}
+    for mod, path in files.items():
+        is_pkg = path.name == "__init__.py"
+        edges = set()
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:  # relative import
+                    anchor = mod.split(".") if is_pkg else mod.split(".")[:-1]
+                    anchor = anchor[: len(anchor) - node.level + 1]
+                    base = ".".join([*anchor, base] if base else anchor)
+                names = [f"{base}.{a.name}" if f"{base}.{a.name}" in files else base for a in node.names]
+            else:
+                continue
+            edges.update(n for n in names if n in files and n != mod)
+        graph[mod] = edges
+    return graph
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    state: dict[str, int] = {}  # 1 = on the stack, 2 = done
+    stack: list[str] = []
+
+    def visit(m: str) -> list[str] | None:
+        state[m] = 1
+        stack.append(m)
+        for n in sorted(graph[m]):
+            if state.get(n) == 1:
+                return [*stack[stack.index(n) :], n]
+            if n not in state and (cycle := visit(n)):
+                return cycle
+        stack.pop()
+        state[m] = 2
+        return None
+
+    for m in sorted(graph):
+        if m not in state and (cycle := visit(m)):
+            return cycle
+    return None
+
+
+def test_import_graph_sees_lazy_and_type_checking_imports():
+    g = import_graph()
+    assert "vlastack.models.backbone" in g["vlastack.models.heads.flow"]
+    assert "vlastack.train.trainer" in g["vlastack.train.cli"]  # an in-function import
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+
+
+def test_no_import_cycles():
+    cycle = find_cycle(import_graph())
+    assert cycle is None, "import cycle: " + " -> ".join(cycle)
+
+
+def test_no_file_over_800_lines():
+    root = PKG.parent
+    long = {}
+    for p in [*PKG.rglob("*.py"), *(root / "tests").rglob("*.py"), *(root / "bench").rglob("*.py")]:
+        n = len(p.read_text().splitlines())
+        if n > MAX_LINES:
+            long[str(p.relative_to(root))] = n
+    assert not long, f"files over {MAX_LINES} lines: {long}"

@@ -1,0 +1,31 @@
+"""Action heads behind one interface (``base.ActionHead``), picked by ``model.head`` from ``HEADS``.
+
+- ``flow``: Pi0 / Pi0.5 flow matching with an action expert (``flow.py``);
+- ``tokens``: discrete action tokens from the VLM's LM head: bins, FAST, parallel (``tokens.py``);
+- add-on: ``model.grounding.points > 0`` wraps the flow head in ``GroundedFlowHead`` (``grounding.py``).
+
+Adding a head: docs/adding-a-head.md.
+"""
+
+from __future__ import annotations
+
+from vlastack.config import HEAD_NAMES, ModelConfig
+from vlastack.models.heads.base import ActionHead, ActionOutput, HeadBase
+from vlastack.models.heads.flow import FlowHead
+from vlastack.models.heads.grounding import GroundedFlowHead
+from vlastack.models.heads.tokens import TokenHead
+
+HEADS: dict[str, type[ActionHead]] = {
+    "flow": FlowHead,
+    "tokens": TokenHead,
+}
+assert set(HEADS) == set(HEAD_NAMES), "config.HEAD_NAMES must list the keys of HEADS"
+
+__all__ = ["HEADS", "ActionHead", "ActionOutput", "FlowHead", "GroundedFlowHead", "HeadBase", "TokenHead"]
+
+
+def head_class(cfg: ModelConfig) -> type[ActionHead]:
+    """The head class ``cfg`` asks for (``cfg.head``, with its add-ons)."""
+    if cfg.grounding.points:  # config checks that grounding goes with the flow head
+        return GroundedFlowHead
+    return HEADS[cfg.head]

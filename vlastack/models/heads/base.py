@@ -1,0 +1,101 @@
+"""The action-head interface: what ``VLA``, the trainer, ``Policy`` and the exporter may call.
+
+A head turns the backbone's prefix into actions. It owns its own layers (``head.*`` weights), its
+training loss and its sampler; it reads the backbone through ``Backbone`` only. Pick one by name
+in ``models/heads/__init__.py`` ``HEADS`` (adding a head: docs/adding-a-head.md).
+
+``ActionHead`` is the written protocol; ``HeadBase`` gives every optional hook a no-op default.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, ClassVar, NamedTuple, Protocol
+
+from torch import Tensor, nn
+
+from vlastack.batch import Batch
+from vlastack.config import ModelConfig
+from vlastack.models.backbone import Backbone
+
+
+class ActionOutput(NamedTuple):
+    """A sampled chunk: actions fp32 [B, H, A] (normalized units) and valid bool [B] or None.
+
+    ``valid`` False: the head could not decode a full chunk for that sample (e.g. a truncated
+    FAST sequence); its actions are zeros that must not be executed. None: always valid (flow)."""
+
+    actions: Tensor
+    valid: Tensor | None = None
+
+
+class ActionHead(Protocol):
+    """What every head provides. ``backbone`` is the model's ``Backbone`` (``VLA`` is one)."""
+
+    # Whether the decoder needs the action expert (flow heads) or only the VLM (token heads).
+    uses_expert: ClassVar[bool]
+
+    def __init__(self, cfg: ModelConfig) -> None: ...
+
+    def loss(self, backbone: Backbone, batch: Batch, **kwargs: Any) -> dict[str, Tensor]:
+        """Training loss -> {"loss": scalar fp32, other logged terms}. ``kwargs``: head-specific
+        fixed randomness for tests (the flow head's ``noise`` and ``time``)."""
+        ...
+
+    def sample(
+        self, backbone: Backbone, batch: Batch, noise: Tensor | None = None, **kwargs: Any
+    ) -> ActionOutput:
+        """A chunk for each sample. ``noise`` [B, H, A]: a flow head's starting noise (others ignore
+        it); ``kwargs``: head-specific options (the flow head's ``num_steps``, ``cache``)."""
+        ...
+
+    def frozen_backbone_params(self, backbone: Backbone) -> list[str]:
+        """Backbone parameter names (relative to ``backbone``) this head's loss cannot reach."""
+        ...
+
+    def prepare(self, dataset: Any) -> None:
+        """Before training, with the training dataset (e.g. fit an action tokenizer)."""
+        ...
+
+    def copy_extra_from(self, other: ActionHead) -> None:
+        """Take over ``other``'s non-weight state (e.g. a fitted tokenizer) when exporting a copy."""
+        ...
+
+    def save_extra(self, path: Path) -> None: ...
+
+    def load_extra(self, path: Path) -> None: ...
+
+    def check_exportable(self) -> None:
+        """Raise ValueError when ``vla export`` cannot trace this head's sampler."""
+        ...
+
+    def compile_decoding(self, **kwargs: Any) -> None:
+        """torch.compile the per-step hot part of ``sample`` (fullgraph, static shapes)."""
+        ...
+
+
+class HeadBase(nn.Module):
+    """No-op defaults for the optional hooks of ``ActionHead``."""
+
+    uses_expert: ClassVar[bool] = False
+
+    def frozen_backbone_params(self, backbone: Backbone) -> list[str]:
+        return []
+
+    def prepare(self, dataset: Any) -> None:
+        pass
+
+    def copy_extra_from(self, other: ActionHead) -> None:
+        pass
+
+    def save_extra(self, path: Path) -> None:
+        pass
+
+    def load_extra(self, path: Path) -> None:
+        pass
+
+    def check_exportable(self) -> None:
+        pass
+
+    def compile_decoding(self, **kwargs: Any) -> None:
+        pass
