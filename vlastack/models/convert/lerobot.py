@@ -393,6 +393,8 @@ def load_checkpoint(
     cfg, kind, meta = config_from_checkpoint(folder, overrides, header)
     with torch.device("meta"):
         model = VLA(cfg)
+    if kind == "pi05" and "head.state_proj.weight" in model.state_dict():
+        raise ValueError("pi05 checkpoints need the Pi0.5 flow head, which this build does not have yet")
     load_weights(model, header, str(folder), strict=strict, dtype=dtype)
     for name, buf in model.named_buffers():  # non-persistent buffers (RoPE tables) are rebuilt
         if buf.device.type == "meta":
