@@ -17,10 +17,12 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from vlastack.infer.external import import_checkpoint, load_parts
+from vlastack.infer.external import find_tokenizer, import_checkpoint, load_parts
 from vlastack.infer.obs import Obs
 from vlastack.infer.policy import Policy
-from vlastack.models.convert.lerobot import checkpoint_to_ours, load_checkpoint
+from vlastack.infer.preprocess import Pipeline
+from vlastack.models.convert.lerobot import checkpoint_to_ours, config_from_checkpoint, load_checkpoint
+from vlastack.models.tokenizer import SentencePieceTokenizer
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "lerobot"
 KINDS = ["pi0", "pi05"]
@@ -56,11 +58,15 @@ def _obs(io: dict, meta: dict) -> list[Obs]:
     return [Obs({cam: imgs[i]}, io["raw.state"][i].numpy(), meta["prompts"][i]) for i in range(imgs.shape[0])]
 
 
-@pytest.mark.parametrize("kind", kinds())
+@pytest.mark.parametrize("kind", KINDS)
 def test_preprocess_matches_lerobot(kind):
+    """Cameras, resize-with-pad, normalization, prompt (pi05: the state's bins) and tokens; no model."""
     folder, meta, io = _load(kind)
-    parts = load_parts(folder, meta["overrides"])
-    batch = parts.pipeline.build_batch(_obs(io, meta), parts.tokenizer)
+    cfg, got_kind, ckpt = config_from_checkpoint(folder, meta["overrides"])
+    assert got_kind == kind
+    pipe = Pipeline.from_lerobot(folder, kind, ckpt, cfg)
+    tok = SentencePieceTokenizer(find_tokenizer(folder))
+    batch = pipe.build_batch(_obs(io, meta), tok)
     assert torch.equal(batch["tokens"], io["pre.tokens"])
     assert torch.equal(batch["token_mask"], io["pre.token_mask"])
     assert batch["token_mask"].sum(1).tolist()[0] != batch["token_mask"].sum(1).tolist()[1]
