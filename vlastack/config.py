@@ -258,6 +258,11 @@ class ModelConfig:
                 f"VLM layer by layer; got {getattr(e, k)}",
             )
         g = self.grounding
+        _check(
+            not (g.points and self.state_in_prompt),
+            "grounding.points",
+            "grounding feeds the state token, which variant='pi05' does not have: set grounding.points=0",
+        )
         if g.points:
             _check(
                 self.head == "flow",
@@ -477,7 +482,18 @@ def pi0() -> Config:
     )
 
 
-PRESETS = {"tiny": tiny, "small": small, "pi0": pi0}
+def pi05() -> Config:
+    """The public Pi0.5 shapes (LeRobot/openpi ``pi05_base``): pi0's encoder, VLM and expert, with
+    the state written into a 200-token prompt and the flow time in the expert's adaptive norms."""
+    return Config(
+        model=ModelConfig(variant="pi05", max_text_len=200),
+        data=DataConfig(norm=NormConfig(state="quantiles", action="quantiles")),
+        train=TrainConfig(batch_size=32, lr=2.5e-5, precision="bf16", activation_checkpointing=True),
+        eval=EvalConfig(image_size=224),
+    )
+
+
+PRESETS = {"tiny": tiny, "small": small, "pi0": pi0, "pi05": pi05}
 
 
 # ----------------------------------------------------------------------------- (de)serialization

@@ -33,6 +33,7 @@ from vlastack.config import Config
 from vlastack.data.reader import LeRobotDataset
 from vlastack.data.stats import Normalizer
 from vlastack.data.transforms import augment as augment_images
+from vlastack.models.prompt import tokenize_prompt
 from vlastack.models.tokenizer import load_tokenizer
 
 STATE_KEY, ACTION_KEY, ENV_KEY = "observation.state", "action", "observation.environment_state"
@@ -143,7 +144,12 @@ class VLADataset(Dataset):
         )
         is_pad = torch.from_numpy(item[f"{ACTION_KEY}_is_pad"])
         actions[is_pad] = 0.0  # padded steps carry no signal; the loss masks them anyway
-        tokens, mask = self._tokenize(int(item["task_index"]))
+        if m.state_in_prompt:  # Pi0.5: the normalized state is part of the prompt (per frame)
+            task = self.ds.tasks[int(item["task_index"])]
+            st = state[: self.state_dim].numpy()
+            tokens, mask = tokenize_prompt(self.tokenizer, task, st, m.max_text_len, state_in_prompt=True)
+        else:
+            tokens, mask = self._tokenize(int(item["task_index"]))
         out = {
             "images": images,
             "image_mask": torch.tensor(self.present),

@@ -18,6 +18,7 @@ import torch
 
 from vlastack.batch import Batch
 from vlastack.data.transforms import resize
+from vlastack.models.prompt import tokenize_prompt
 
 MAX_IMAGE_SIDE = 4096
 MAX_PROMPT_CHARS = 4096
@@ -129,12 +130,19 @@ def check_obs(obs: object, spec: InputSpec) -> Obs:
 
 
 def build_batch(
-    obs_list: list[Obs], spec: InputSpec, model_state_dim: int, max_text_len: int, tokenizer, normalizer
+    obs_list: list[Obs],
+    spec: InputSpec,
+    model_state_dim: int,
+    max_text_len: int,
+    tokenizer,
+    normalizer,
+    state_in_prompt: bool = False,
 ) -> Batch:
     """Checked observations -> model batch (see vlastack/batch.py) on the CPU.
 
     Images are resized to ``spec.image_size`` (bilinear, the training transform); absent cameras are
     zeros with ``image_mask`` False; state is normalized and zero-padded to ``model_state_dim``.
+    ``state_in_prompt`` (Pi0.5): the prompt is built from the instruction and the normalized state.
     """
     b, n, s = len(obs_list), len(spec.camera_names), spec.image_size
     images = torch.zeros(b, n, 3, s, s, dtype=torch.uint8)
@@ -150,9 +158,9 @@ def build_batch(
                 )  # copy: wire arrays are read-only
                 images[i, j] = resize(chw, s)
                 image_mask[i, j] = True
-        ids, mask = tokenizer.tokenize(o.prompt, max_text_len)
-        tokens[i], token_mask[i] = torch.from_numpy(ids), torch.from_numpy(mask)
         st = np.asarray(normalizer.normalize("observation.state", o.state), dtype=np.float32)
+        ids, mask = tokenize_prompt(tokenizer, o.prompt, st, max_text_len, state_in_prompt)
+        tokens[i], token_mask[i] = torch.from_numpy(ids), torch.from_numpy(mask)
         state[i, : st.shape[0]] = torch.from_numpy(st)
     return {
         "images": images,

@@ -185,11 +185,17 @@ class Policy:
         """-> unnormalized actions float32 [B, H, A_env], and validity bool [B] for token heads
         (None for the flow head). Both are read under the lock, so they belong to the same batch."""
         c = self.cfg
-        if self.preprocess is not None:
+        if self.preprocess is not None:  # e.g. a LeRobot checkpoint's exact pipeline
             batch = self.preprocess.build_batch(obs_list, self.tokenizer)
         else:
             batch = build_batch(
-                obs_list, self.spec, c.state_dim, c.max_text_len, self.tokenizer, self.normalizer
+                obs_list,
+                self.spec,
+                c.state_dim,
+                c.max_text_len,
+                self.tokenizer,
+                self.normalizer,
+                c.state_in_prompt,
             )
         batch = {k: v.to(self.device) for k, v in batch.items()}
         b = len(obs_list)

@@ -35,7 +35,8 @@ def cmd_info(args: argparse.Namespace) -> int:
     for part, n in _parts(model).items():
         print(f"{part:>10}: {n:>15,}")
     print(f"{'total':>10}: {model.num_params():>15,}  ({model.num_params() / 1e9:.3f}B)")
-    print(f"prefix tokens: {cfg.model.prefix_len}  suffix tokens: {1 + cfg.model.action_horizon}")
+    suffix = cfg.model.action_horizon + (0 if cfg.model.state_in_prompt else 1)  # pi05: no state token
+    print(f"prefix tokens: {cfg.model.prefix_len}  suffix tokens: {suffix}")
     return 0
 
 

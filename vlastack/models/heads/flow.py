@@ -1,9 +1,13 @@
-"""Pi0 flow-matching action head (openpi convention: t=1 is noise, t=0 is data).
+"""Pi0 / Pi0.5 flow-matching action head (openpi convention: t=1 is noise, t=0 is data).
 
-Suffix tokens = [state token, H action tokens], embedded by the action expert's input layers.
-Block-causal mask: prefix (images + text) bidirectional; the state token starts a block; the action
-tokens form the last block. Training regresses the velocity u = eps - a at x_t = t*eps + (1-t)*a.
-Sampling runs the prefix once into a static KV cache, then N Euler steps over the suffix only.
+Pi0 (``model.variant='pi0'``): suffix tokens = [state token, H action tokens], embedded by the
+action expert's input layers; the flow time is mixed into every action token by an MLP.
+Pi0.5 (``'pi05'``): suffix = the H action tokens (the state is in the prompt, models/prompt.py);
+the flow time goes through ``time_mlp_in/out`` into the expert's adaptive RMSNorms (``cond``).
+Block-causal mask: prefix (images + text) bidirectional; the state token (pi0) starts a block; the
+action tokens form the last block. Training regresses the velocity u = eps - a at
+x_t = t*eps + (1-t)*a. Sampling runs the prefix once into a static KV cache, then N Euler steps
+over the suffix only. docs/pi05.md lists the differences and the LeRobot weight names.
 
 Subclasses change what the state token reads through two hooks: ``state_extra_dim`` (more inputs
 beside the state) and ``condition_state`` (fills them from the prefix), plus ``train_velocity`` and
@@ -66,10 +70,16 @@ class FlowHead(HeadBase):
         super().__init__()
         self.cfg = cfg
         w = cfg.expert.width
-        self.state_proj = nn.Linear(cfg.state_dim + self.state_extra_dim, w)
+        self.n_state = 0 if cfg.state_in_prompt else 1  # state tokens in the suffix
+        if self.n_state:
+            self.state_proj = nn.Linear(cfg.state_dim + self.state_extra_dim, w)
         self.action_in_proj = nn.Linear(cfg.action_dim, w)
-        self.action_time_mlp_in = nn.Linear(2 * w, w)
-        self.action_time_mlp_out = nn.Linear(w, w)
+        if cfg.adarms:  # the time conditions the expert's norms (Pi0.5)
+            self.time_mlp_in = nn.Linear(w, w)
+            self.time_mlp_out = nn.Linear(w, w)
+        else:  # the time is mixed into the action tokens (Pi0)
+            self.action_time_mlp_in = nn.Linear(2 * w, w)
+            self.action_time_mlp_out = nn.Linear(w, w)
         self.action_out_proj = nn.Linear(w, cfg.action_dim)
 
     def frozen_backbone_params(self, backbone: Backbone) -> list[str]:
@@ -77,12 +87,12 @@ class FlowHead(HeadBase):
 
     @property
     def suffix_len(self) -> int:
-        return 1 + self.cfg.action_horizon
+        return self.n_state + self.cfg.action_horizon
 
     def suffix_block_starts(self, device: torch.device) -> Tensor:
-        """[1 + H] bool: the state token and the first action token each start a block."""
+        """[suffix_len] bool: the state token (pi0) and the first action token each start a block."""
         starts = torch.zeros(self.suffix_len, dtype=torch.bool, device=device)
-        starts[:2] = True
+        starts[: self.n_state + 1] = True
         return starts
 
     # ------------------------------------------------------------------ hooks for add-ons
@@ -108,15 +118,19 @@ class FlowHead(HeadBase):
 
     # ------------------------------------------------------------------ training
 
-    def embed_suffix(self, state: Tensor, x_t: Tensor, t: Tensor) -> Tensor:
-        """state [B, S(+extra)], x_t [B, H, A], t [B] -> suffix tokens [B, 1 + H, We]."""
+    def embed_suffix(self, state: Tensor, x_t: Tensor, t: Tensor) -> tuple[Tensor, Tensor | None]:
+        """state [B, S(+extra)], x_t [B, H, A], t [B] -> (suffix tokens [B, suffix_len, We],
+        the expert's norm condition [B, We] (pi05) or None (pi0))."""
         c = self.cfg
-        state_tok = self.state_proj(state)[:, None]
         act = self.action_in_proj(x_t)
         temb = sincos_time_embedding(t, c.expert.width, c.time_min_period, c.time_max_period)
+        if c.adarms:
+            cond = F.silu(self.time_mlp_out(F.silu(self.time_mlp_in(temb.to(act.dtype)))))
+            return act, cond
         temb = temb[:, None].expand(-1, c.action_horizon, -1).to(act.dtype)
         h = self.action_time_mlp_out(F.silu(self.action_time_mlp_in(torch.cat([act, temb], dim=-1))))
-        return torch.cat([state_tok.to(h.dtype), h], dim=1)
+        state_tok = self.state_proj(state)[:, None]
+        return torch.cat([state_tok.to(h.dtype), h], dim=1), None
 
     def velocity_full(
         self, backbone: Backbone, prefix: Tensor, prefix_pad: Tensor, state: Tensor, x_t: Tensor, t: Tensor
@@ -124,13 +138,13 @@ class FlowHead(HeadBase):
         """Uncached: prefix + suffix through the joint decoder; ``state`` is the conditioned state
         [B, S(+extra)]. -> v fp32 [B, H, A]."""
         b, p = prefix_pad.shape
-        suffix = self.embed_suffix(state, x_t, t)
+        suffix, cond = self.embed_suffix(state, x_t, t)
         pad = torch.cat([prefix_pad, prefix_pad.new_ones(b, self.suffix_len)], dim=1)
         starts = torch.cat([prefix_pad.new_zeros(p), self.suffix_block_starts(prefix.device)])
         mask = block_causal_mask(pad, starts)
         positions = pad.long().cumsum(-1) - 1
-        out = backbone.decoder([prefix, suffix], positions, mask, vlm_output=False).expert
-        return self.action_out_proj(out[:, 1:]).float()
+        out = backbone.decoder([prefix, suffix], positions, mask, vlm_output=False, cond=[None, cond]).expert
+        return self.action_out_proj(out[:, self.n_state :]).float()
 
     def loss(
         self, backbone: Backbone, batch: Batch, noise: Tensor | None = None, time: Tensor | None = None
@@ -150,7 +164,8 @@ class FlowHead(HeadBase):
     # ------------------------------------------------------------------ sampling
 
     def step_mask(self, prefix_pad: Tensor) -> Tensor:
-        """Mask for suffix queries over the cache slots [prefix | suffix]: bool [B, 1, 1+H, P+1+H]."""
+        """Mask for suffix queries over the cache slots [prefix | suffix]: bool [B, 1, T, P+T],
+        T = ``suffix_len``."""
         b, p = prefix_pad.shape
         s = self.suffix_len
         suffix = block_causal_mask(prefix_pad.new_ones(b, s), self.suffix_block_starts(prefix_pad.device))
@@ -167,7 +182,7 @@ class FlowHead(HeadBase):
         self, backbone: Backbone, batch: Batch, cache: StaticKVCache | None = None
     ) -> tuple[StaticKVCache, Tensor, Tensor, Tensor]:
         """Run the prefix once into ``cache`` (every slot is rewritten before it is read), or a
-        fresh one. -> (cache, step positions [B, 1+H], step mask, conditioned state [B, S(+extra)])."""
+        fresh one. -> (cache, step positions [B, T], step mask, conditioned state [B, S(+extra)])."""
         prefix, prefix_pad = backbone.embed_prefix(batch)
         cache, positions, mask, hidden = self.prefill_prefix(backbone, prefix, prefix_pad, cache)
         return cache, positions, mask, self.condition_state(batch["state"], hidden, prefix_pad)
@@ -206,12 +221,15 @@ class FlowHead(HeadBase):
         """One velocity evaluation against the cached prefix. state [B, S(+extra)] (conditioned,
         from ``prefill``), x_t [B, H, A], t [B] -> v fp32 [B, H, A].
 
-        Only the 1+H suffix tokens run; their k/v overwrite the cache's suffix slots by index.
+        Only the suffix tokens run; their k/v overwrite the cache's suffix slots by index. pi05
+        ignores ``state`` (it is in the prompt).
         """
-        suffix = self.embed_suffix(state, x_t, t)
+        suffix, cond = self.embed_suffix(state, x_t, t)
         p = cache.max_len - self.suffix_len
-        out = backbone.decoder([None, suffix], positions, mask, cache=cache, cache_pos=p, attend_cache=True)
-        return self.action_out_proj(out.expert[:, 1:]).float()
+        out = backbone.decoder(
+            [None, suffix], positions, mask, cache=cache, cache_pos=p, attend_cache=True, cond=[None, cond]
+        )
+        return self.action_out_proj(out.expert[:, self.n_state :]).float()
 
     def compile_decoding(self, **kwargs: Any) -> None:
         """torch.compile the prefix pass and the denoise step apart (fullgraph), as the token head's
