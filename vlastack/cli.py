@@ -19,6 +19,7 @@ MODULES = (
     "vlastack.sim.cli",
     "vlastack.train.cli",
     "vlastack.infer.cli",
+    "vlastack.infer.import_cli",
     "vlastack.diagnostics.cli",
     "vlastack.labs.cli",
 )

@@ -60,6 +60,7 @@ class Policy:
         temporal_ensemble: float = 0.0,
         default_prompt: str = "",
         seed: int | None = None,
+        preprocess: Any = None,
     ) -> None:
         if dtype not in (None, "fp32", "bf16"):
             raise ValueError(f"dtype must be None, 'fp32' or 'bf16', got {dtype!r}")
@@ -85,6 +86,7 @@ class Policy:
             raise ValueError(f"replan_steps must be in [1, {h}] (the action horizon), got {replan_steps}")
         self.chunker = ActionChunker(replan_steps, temporal_ensemble)
         self.lock = threading.Lock()
+        self.preprocess = preprocess  # e.g. infer.preprocess.Pipeline (LeRobot's exact pipeline)
         self._gen = torch.Generator(device=self.device)
         self._gen.manual_seed(int(seed) if seed is not None else int(torch.initial_seed()) % 2**62)
         if compile:
@@ -116,11 +118,21 @@ class Policy:
         compile: bool = False,
         dtype: str | None = None,
         ema: bool = False,
+        strict: bool = True,
+        overrides: tuple[str, ...] = (),
         **kwargs: Any,
     ) -> Policy:
-        """Load a policy folder (see module docstring). ``ema=True`` uses the ``ema/`` weights."""
+        """Load a policy folder (see module docstring). ``ema=True`` uses the ``ema/`` weights.
+        LeRobot / openpi pi0 and pi05 checkpoints (a folder or a Hub id in the local cache) load
+        too, with their exact input pipeline (see infer/external.py); ``overrides`` and ``strict``
+        apply to those."""
+        from vlastack.infer.external import load_parts
         from vlastack.models.vla import VLA
 
+        parts = None if ema else load_parts(path, overrides, strict, device=device)
+        if parts is not None:
+            return cls(parts.model, parts.normalizer, parts.tokenizer, device=device, dtype=dtype,
+                       compile=compile, preprocess=parts.pipeline, **kwargs)  # fmt: skip
         path = Path(path)
         if not path.is_dir():
             raise ValueError(f"policy folder {path} does not exist")
@@ -173,15 +185,18 @@ class Policy:
         """-> unnormalized actions float32 [B, H, A_env], and validity bool [B] for token heads
         (None for the flow head). Both are read under the lock, so they belong to the same batch."""
         c = self.cfg
-        batch = build_batch(
-            obs_list,
-            self.spec,
-            c.state_dim,
-            c.max_text_len,
-            self.tokenizer,
-            self.normalizer,
-            c.state_in_prompt,
-        )
+        if self.preprocess is not None:  # e.g. a LeRobot checkpoint's exact pipeline
+            batch = self.preprocess.build_batch(obs_list, self.tokenizer)
+        else:
+            batch = build_batch(
+                obs_list,
+                self.spec,
+                c.state_dim,
+                c.max_text_len,
+                self.tokenizer,
+                self.normalizer,
+                c.state_in_prompt,
+            )
         batch = {k: v.to(self.device) for k, v in batch.items()}
         b = len(obs_list)
         with self.lock:

@@ -32,12 +32,17 @@ from vlastack.nn.kv_cache import StaticKVCache
 
 
 def sincos_time_embedding(t: Tensor, dim: int, min_period: float, max_period: float) -> Tensor:
-    """t [B] in [0, 1] -> fp32 [B, dim] (sin half, cos half), periods log-spaced in [min, max]."""
+    """t [B] in [0, 1] -> fp32 [B, dim] (sin half, cos half), periods log-spaced in [min, max].
+
+    Computed in float64 (except on MPS), as openpi and LeRobot do: angles reach 2 pi / min_period
+    (~1600 rad), where fp32 sin/cos lose ~1e-4; in fp32 the tiny LeRobot fixture's velocity
+    differed from LeRobot's by 8e-5, in fp64 by 1e-6."""
     assert dim % 2 == 0
-    fraction = torch.linspace(0.0, 1.0, dim // 2, dtype=torch.float32, device=t.device)
+    dtype = torch.float32 if t.device.type == "mps" else torch.float64
+    fraction = torch.linspace(0.0, 1.0, dim // 2, dtype=dtype, device=t.device)
     period = min_period * (max_period / min_period) ** fraction
-    angle = t.float()[:, None] * (2 * math.pi / period)[None]
-    return torch.cat([angle.sin(), angle.cos()], dim=-1)
+    angle = (1.0 / period * 2 * math.pi)[None] * t.float()[:, None]
+    return torch.cat([angle.sin(), angle.cos()], dim=-1).float()
 
 
 def sample_time(batch_size: int, device: torch.device, generator: torch.Generator | None = None) -> Tensor:

@@ -1,0 +1,143 @@
+"""``vla export-lerobot``: write a vlastack pi0 / pi05 policy folder as a LeRobot ``pretrained_model``
+folder that ``PI0Policy`` / ``PI05Policy.from_pretrained(strict=True)`` and
+``make_pre_post_processors(pretrained_path=...)`` load (checked against lerobot 0.6.1 by
+scripts/make_lerobot_fixtures.py --export).
+
+Norm stats: a folder from ``vla import`` carries LeRobot's exact ones (``lerobot_pipeline.json``);
+a vlastack-trained folder's ``norm_stats.json`` maps mean_std -> MEAN_STD, quantiles -> QUANTILES,
+min_max -> MIN_MAX (LeRobot does not clip quantile-normalized values; vlastack's training does).
+LeRobot only builds the ``gemma_2b`` / ``gemma_300m`` / SigLIP so400m shapes; other shapes are
+written faithfully but need a patched LeRobot to load.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import torch
+from safetensors.torch import save_file
+
+from vlastack.infer.preprocess import ACTION_KEY, PIPELINE_FILE, STATE_KEY, Pipeline
+from vlastack.models.convert.lerobot import IMAGE_PREFIX, ours_to_checkpoint
+from vlastack.models.vla import VLA
+
+_MODES = {"mean_std": "MEAN_STD", "quantiles": "QUANTILES", "min_max": "MIN_MAX", "identity": "IDENTITY"}
+TOKENIZER = "google/paligemma-3b-pt-224"
+
+
+def _norm(folder: Path) -> tuple[dict[str, str], dict[str, dict[str, np.ndarray]], float]:
+    """-> (modes by key, stats by key, eps) from lerobot_pipeline.json or norm_stats.json."""
+    if (folder / PIPELINE_FILE).exists():
+        n = Pipeline.load(folder).normalizer
+        if n.style != "lerobot":
+            raise ValueError(f"{folder}: openpi-style norm stats (eps 1e-6) have no exact LeRobot equivalent")
+        return dict(n.modes), n.stats, n.eps
+    if (folder / "norm_stats.json").exists():
+        from vlastack.data.stats import Normalizer
+
+        n = Normalizer.load(folder / "norm_stats.json")
+        return dict(n.modes), {k: dict(v) for k, v in n.stats.items()}, 1e-8
+    return {STATE_KEY: "identity", ACTION_KEY: "identity"}, {}, 1e-8
+
+
+def _dim(stats: dict, key: str, default: int) -> int:
+    return (
+        int(np.asarray(next(iter(stats[key].values()))).reshape(-1).shape[0]) if stats.get(key) else default
+    )
+
+
+def export_lerobot(policy_folder: str | Path, out: str | Path) -> Path:
+    folder, out = Path(policy_folder), Path(out)
+    model = VLA.from_pretrained(folder)
+    cfg = model.cfg
+    kind = getattr(cfg, "variant", "pi0")
+    if cfg.head != "flow" or cfg.grounding.points:
+        raise ValueError("only the plain flow head (pi0 / pi05) has a LeRobot equivalent")
+    modes, stats, eps = _norm(folder)
+    out.mkdir(parents=True, exist_ok=True)
+
+    state = {}
+    for key, v in model.state_dict().items():
+        ck = ours_to_checkpoint(key)
+        if ck is None:
+            raise ValueError(f"{key} has no place in a LeRobot {kind} checkpoint")
+        state["model." + ck] = v.detach().float().contiguous()
+    pg = "model.paligemma_with_expert."
+    state[pg + "paligemma.lm_head.weight"] = state[
+        pg + "paligemma.model.language_model.embed_tokens.weight"
+    ].clone()
+    state[pg + "gemma_expert.lm_head.weight"] = torch.zeros(cfg.vlm.vocab_size, cfg.expert.width)
+    save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
+
+    s = cfg.vision.image_size
+    state_dim, action_dim = _dim(stats, STATE_KEY, cfg.state_dim), _dim(stats, ACTION_KEY, cfg.action_dim)
+    feats = {IMAGE_PREFIX + c: {"type": "VISUAL", "shape": [3, s, s]} for c in cfg.camera_names}
+    feats[STATE_KEY] = {"type": "STATE", "shape": [state_dim]}
+    out_feats = {ACTION_KEY: {"type": "ACTION", "shape": [action_dim]}}
+    norm_map = {"VISUAL": "IDENTITY", "STATE": _MODES[modes.get(STATE_KEY, "identity")],
+                "ACTION": _MODES[modes.get(ACTION_KEY, "identity")]}  # fmt: skip
+    config = {
+        "type": kind,
+        "n_obs_steps": 1,
+        "input_features": feats,
+        "output_features": out_feats,
+        "device": "cpu",
+        "paligemma_variant": "gemma_2b",
+        "action_expert_variant": "gemma_300m",
+        "dtype": "float32",
+        "chunk_size": cfg.action_horizon,
+        "n_action_steps": cfg.action_horizon,
+        "max_state_dim": cfg.state_dim,
+        "max_action_dim": cfg.action_dim,
+        "num_inference_steps": cfg.num_denoise_steps,
+        "min_period": cfg.time_min_period,
+        "max_period": cfg.time_max_period,
+        "image_resolution": [s, s],
+        "tokenizer_max_length": cfg.max_text_len,
+        "normalization_mapping": norm_map,
+    }
+    (out / "config.json").write_text(json.dumps(config, indent=4))
+
+    tensors = {f"{k}.{n}": torch.from_numpy(np.asarray(v, np.float32)).reshape(-1)
+               for k, d in stats.items() for n, v in d.items()}  # fmt: skip
+    all_feats = {**feats, **out_feats}
+    normalizer = {"eps": eps, "features": all_feats, "norm_map": norm_map}
+    tok = {"max_length": cfg.max_text_len, "task_key": "task", "padding_side": "right",
+           "padding": "max_length", "truncation": True, "tokenizer_name": TOKENIZER}  # fmt: skip
+    relative = {"enabled": False, "exclude_joints": ["gripper"], "action_names": None}
+    device = {"device": "cpu", "float_dtype": None}
+    if kind == "pi05":
+        names = ["rename_observations_processor", "to_batch_processor", "relative_actions_processor",
+                 "normalizer_processor", "pi05_prepare_state_tokenizer_processor_step",
+                 "tokenizer_processor", "device_processor"]  # fmt: skip
+        configs = [{"rename_map": {}}, {}, relative, normalizer, {}, tok, device]
+    else:
+        names = ["rename_observations_processor", "to_batch_processor", "pi0_new_line_processor",
+                 "tokenizer_processor", "device_processor", "relative_actions_processor", "normalizer_processor"]  # fmt: skip
+        configs = [{"rename_map": {}}, {}, {}, tok, device, relative, normalizer]
+    steps = []
+    for i, (name, c) in enumerate(zip(names, configs, strict=True)):
+        step = {"registry_name": name, "config": c}
+        if name == "normalizer_processor":
+            step["state_file"] = f"policy_preprocessor_step_{i}_normalizer_processor.safetensors"
+            save_file(tensors, str(out / step["state_file"]))
+        steps.append(step)
+    (out / "policy_preprocessor.json").write_text(
+        json.dumps({"name": "policy_preprocessor", "steps": steps}, indent=2)
+    )
+    post_norm = {"eps": eps, "features": out_feats, "norm_map": norm_map}
+    post = [
+        {"registry_name": "unnormalizer_processor", "config": post_norm,
+         "state_file": "policy_postprocessor_step_0_unnormalizer_processor.safetensors"},
+        {"registry_name": "absolute_actions_processor", "config": {"enabled": False}},
+        {"registry_name": "device_processor", "config": device},
+    ]  # fmt: skip
+    save_file(tensors, str(out / post[0]["state_file"]))
+    (out / "policy_postprocessor.json").write_text(
+        json.dumps({"name": "policy_postprocessor", "steps": post}, indent=2)
+    )
+    if (folder / "tokenizer.model").exists():
+        (out / "tokenizer.model").write_bytes((folder / "tokenizer.model").read_bytes())
+    return out

@@ -1,0 +1,154 @@
+"""Run and convert LeRobot / openpi pi0 and pi05 checkpoints (offline).
+
+    parts = load_parts("lerobot/pi05_base")     # folder, pretrained_model/ parent or Hub cache id
+    Policy(parts.model, parts.normalizer, parts.tokenizer, preprocess=parts.pipeline)
+    import_checkpoint("lerobot/pi05_base", "runs/pi05_base")   # -> a vlastack policy folder
+
+``Policy.from_pretrained`` calls ``load_parts`` for every folder; it returns None for a plain
+vlastack folder (no ``lerobot_pipeline.json``), which then loads as before.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import torch
+
+from vlastack.config import Config, DataConfig, EvalConfig, NormConfig, TrainConfig, save_yaml
+from vlastack.infer.preprocess import ACTION_KEY, PIPELINE_FILE, STATE_KEY, ExactNormalizer, Pipeline
+from vlastack.models.convert.lerobot import detect_format, hf_snapshot, load_checkpoint, resolve_checkpoint
+from vlastack.models.tokenizer import SentencePieceTokenizer
+
+PALIGEMMA_TOKENIZER = "google/paligemma-3b-pt-224"
+
+
+@dataclass
+class Parts:
+    model: torch.nn.Module
+    pipeline: Pipeline
+    tokenizer: SentencePieceTokenizer
+    kind: str
+    folder: Path
+
+    @property
+    def normalizer(self) -> ExactNormalizer:
+        return self.pipeline.normalizer
+
+
+def tokenizer_name(folder: Path) -> str:
+    """The tokenizer LeRobot's preprocessor names (``tokenizer_processor.tokenizer_name``)."""
+    pre = folder / "policy_preprocessor.json"
+    if pre.exists():
+        for step in json.loads(pre.read_text()).get("steps", []):
+            name = step.get("config", {}).get("tokenizer_name")
+            if name:
+                return name
+    return PALIGEMMA_TOKENIZER
+
+
+def find_tokenizer(folder: Path) -> Path:
+    """``tokenizer.model`` in the checkpoint folder, else in the local Hugging Face cache of the
+    tokenizer the preprocessor names (PaliGemma's). Nothing is downloaded."""
+    if (folder / "tokenizer.model").exists():
+        return folder / "tokenizer.model"
+    name = tokenizer_name(folder)
+    snap = hf_snapshot(name)
+    if snap is not None and (snap / "tokenizer.model").exists():
+        return snap / "tokenizer.model"
+    raise ValueError(
+        f"no tokenizer.model in {folder} nor in the local Hugging Face cache of {name!r}; "
+        f"put PaliGemma's tokenizer.model in {folder} (or `huggingface-cli download {name} tokenizer.model`)"
+    )
+
+
+def _existing_checkpoint(path: str | Path) -> Path | None:
+    p = Path(path).expanduser()
+    if not p.is_dir() and not (isinstance(path, str) and path.count("/") == 1 and hf_snapshot(path)):
+        return None
+    folder = resolve_checkpoint(path)
+    return folder if (folder / "config.json").exists() else None
+
+
+def load_parts(
+    path: str | Path,
+    overrides: list[str] | tuple[str, ...] = (),
+    strict: bool = True,
+    dtype: torch.dtype | None = torch.float32,
+    asset_id: str | None = None,
+    device: str | torch.device = "cpu",
+) -> Parts | None:
+    """A LeRobot / openpi checkpoint or an imported vlastack folder -> ``Parts``; None for a
+    vlastack folder without a LeRobot pipeline."""
+    folder = _existing_checkpoint(path)
+    if folder is None:
+        return None  # not a checkpoint folder: the caller's own loader says what is wrong
+    fmt = detect_format(folder)
+    if fmt == "vlastack":
+        if not (folder / PIPELINE_FILE).exists():
+            return None
+        from vlastack.models.vla import VLA
+
+        if overrides or not strict:
+            raise ValueError(
+                "overrides/strict apply to LeRobot or openpi checkpoints, not to vlastack folders"
+            )
+        model = VLA.from_pretrained(folder, device=device, dtype=dtype)
+        pipe = Pipeline.load(folder)
+        return Parts(model, pipe, SentencePieceTokenizer(find_tokenizer(folder)), pipe.kind, folder)
+    model, kind, meta = load_checkpoint(folder, overrides, strict=strict, dtype=dtype)
+    if fmt == "lerobot":
+        pipe = Pipeline.from_lerobot(folder, kind, meta, model.cfg)
+    else:
+        pipe = Pipeline.from_openpi(folder, kind, model.cfg, asset_id)
+    tok = SentencePieceTokenizer(find_tokenizer(folder))
+    if tok.vocab_size > model.cfg.vlm.vocab_size:
+        raise ValueError(
+            f"tokenizer has {tok.vocab_size} pieces but the embedding {model.cfg.vlm.vocab_size} rows"
+        )
+    return Parts(model.to(device), pipe, tok, kind, folder)
+
+
+def import_checkpoint(
+    path: str | Path,
+    out: str | Path,
+    overrides: list[str] | tuple[str, ...] = (),
+    strict: bool = True,
+    dtype: torch.dtype | None = torch.float32,
+    asset_id: str | None = None,
+) -> Path:
+    """Convert to a vlastack policy folder: ``model.safetensors`` + ``config.json`` (ours),
+    ``lerobot_pipeline.json`` (cameras, prompt style, exact normalizer), ``tokenizer.model`` and
+    ``train.yaml`` (the model config with ``train.init_from`` = this folder, to fine-tune from it;
+    training then uses vlastack's own data pipeline and norm stats, which the result is served with)."""
+    if _existing_checkpoint(path) is None:
+        resolve_checkpoint(path)  # raises with the reason
+        raise ValueError(f"{path}: missing config.json (not a LeRobot or openpi checkpoint)")
+    parts = load_parts(path, overrides, strict, dtype, asset_id)
+    if parts is None:
+        raise ValueError(f"{path} is already a vlastack policy folder")
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    model = parts.model
+    model.cfg = replace(model.cfg, tokenizer=str(out.resolve()))
+    model.save_pretrained(out)
+    parts.pipeline.save(out)
+    shutil.copy(find_tokenizer(parts.folder), out / "tokenizer.model")
+    h = model.cfg.action_horizon
+    modes = parts.normalizer.modes  # recomputed from the dataset, with the checkpoint's modes
+    norm = NormConfig(state=modes.get(STATE_KEY, "mean_std"), action=modes.get(ACTION_KEY, "mean_std"))
+    train = Config(
+        model=model.cfg,
+        data=DataConfig(norm=norm),
+        train=TrainConfig(
+            init_from=str(out.resolve()), lr=2.5e-5, precision="bf16", out_dir=str(out) + "_ft"
+        ),
+        eval=EvalConfig(steps_per_chunk=min(8, h), image_size=model.cfg.vision.image_size),
+    )
+    save_yaml(train, out / "train.yaml")  # vla train --config OUT/train.yaml --data DATASET
+    (out / "source.json").write_text(
+        json.dumps({"source": str(parts.folder), "kind": parts.kind, "overrides": list(overrides)}, indent=2)
+    )
+    return out

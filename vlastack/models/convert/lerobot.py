@@ -1,0 +1,402 @@
+"""Weights and model config of LeRobot ``pi0`` / ``pi05`` and openpi PyTorch checkpoints.
+
+Layouts (auto-detected by ``detect_format``):
+
+- ``lerobot``: a ``pretrained_model`` folder: ``config.json`` (``"type": "pi0" | "pi05"``),
+  ``model.safetensors`` with keys ``model.paligemma_with_expert...``, ``model.action_in_proj...``;
+- ``openpi``: openpi's PyTorch conversion: ``model.safetensors`` with the same keys without the
+  ``model.`` prefix, ``config.json`` with ``paligemma_variant`` / ``action_expert_variant``;
+- ``vlastack``: our own folder (``config.json`` with a ``"model"`` tree).
+
+Shapes come from the tensors; what tensors cannot tell (head counts) comes from the config's
+variant names, and dotted overrides (``model.vision.heads=4``) win over both.
+
+    cfg, kind = config_from_checkpoint(folder, overrides)
+    model = load_checkpoint(folder, overrides)      # a VLA with every weight from the file
+
+Loading is strict: a missing, unexpected or mis-shaped tensor is an error listing them;
+``strict=False`` loads what matches and prints what was left out.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import fields, replace
+from pathlib import Path
+
+import torch
+
+from vlastack.config import (
+    Config,
+    DecoderConfig,
+    EvalConfig,
+    ModelConfig,
+    VisionConfig,
+    apply_overrides,
+)
+from vlastack.models.convert.safetensors_io import TensorInfo, read_folder_header, read_tensor
+
+# openpi gemma.py variants: what the tensors cannot tell (heads) plus defaults for the rest.
+GEMMA_VARIANTS = {
+    "gemma_2b": dict(width=2048, depth=18, mlp_dim=16384, heads=8, kv_heads=1, head_dim=256),
+    "gemma_300m": dict(width=1024, depth=18, mlp_dim=4096, heads=8, kv_heads=1, head_dim=256),
+}
+SIGLIP_SO400M_HEADS = 16
+IMAGE_PREFIX = "observation.images."
+EXTERNAL = ("lerobot", "openpi")
+
+# Checkpoint key (after ``canonical_key``) -> our key. ``None``: a tensor that no output reads.
+_P = r"paligemma_with_expert\."
+_RULES: list[tuple[str, str | None]] = [
+    (_P + r"paligemma\.model\.vision_tower\.vision_model\.embeddings\.(.*)", r"vision.\1"),
+    (_P + r"paligemma\.model\.vision_tower\.vision_model\.encoder\.layers\.(.*)", r"vision.layers.\1"),
+    (_P + r"paligemma\.model\.vision_tower\.vision_model\.post_layernorm\.(.*)", r"vision.post_layernorm.\1"),
+    (_P + r"paligemma\.model\.multi_modal_projector\.linear\.(.*)", r"projector.\1"),
+    (_P + r"paligemma\.model\.language_model\.embed_tokens\.weight", "decoder.embed_tokens.weight"),
+    (_P + r"paligemma\.model\.language_model\.layers\.(\d+)\.(.*)", r"decoder.layers.\1.vlm.\2"),
+    (_P + r"paligemma\.model\.language_model\.norm\.weight", "decoder.norm.weight"),
+    (_P + r"gemma_expert\.model\.layers\.(\d+)\.(.*)", r"decoder.layers.\1.expert.\2"),
+    (_P + r"gemma_expert\.model\.norm\.(.*)", r"decoder.expert_norm.\1"),
+    (
+        r"(state_proj|action_in_proj|action_out_proj|action_time_mlp_in|action_time_mlp_out)\.(.*)",
+        r"head.\1.\2",
+    ),
+    (r"(time_mlp_in|time_mlp_out)\.(.*)", r"head.\1.\2"),
+    # Tied to embed_tokens (PaliGemma), or never used (the expert's LM head: its embeddings are None).
+    (_P + r"paligemma\.lm_head\.weight", None),
+    (_P + r"gemma_expert\.lm_head\.weight", None),
+]
+
+
+def canonical_key(key: str) -> str:
+    """LeRobot (``model.`` prefix) and openpi keys, old (transformers<4.52) and new layouts -> one."""
+    key = re.sub(r"^model\.", "", key)
+    key = key.replace("paligemma.language_model.model.", "paligemma.model.language_model.")
+    key = key.replace("paligemma.language_model.", "paligemma.model.language_model.")
+    key = key.replace("paligemma.vision_tower.", "paligemma.model.vision_tower.")
+    key = key.replace("paligemma.multi_modal_projector.", "paligemma.model.multi_modal_projector.")
+    return key
+
+
+def checkpoint_to_ours(key: str) -> str | None:
+    """Checkpoint key -> our key, ``None`` for tensors nothing reads; unknown keys raise."""
+    ck = canonical_key(key)
+    for pat, tmpl in _RULES:
+        m = re.fullmatch(pat, ck)
+        if m:
+            return None if tmpl is None else m.expand(tmpl)
+    raise KeyError(key)
+
+
+# Our key -> LeRobot's (without ``model.``), for export: the first rule of each kind above, reversed.
+_REVERSE: list[tuple[str, str]] = [
+    (r"vision\.(patch_embedding|position_embedding)\.(.*)",
+     r"paligemma.model.vision_tower.vision_model.embeddings.\1.\2"),
+    (r"vision\.layers\.(.*)", r"paligemma.model.vision_tower.vision_model.encoder.layers.\1"),
+    (r"vision\.post_layernorm\.(.*)", r"paligemma.model.vision_tower.vision_model.post_layernorm.\1"),
+    (r"projector\.(.*)", r"paligemma.model.multi_modal_projector.linear.\1"),
+    (r"decoder\.embed_tokens\.weight", "paligemma.model.language_model.embed_tokens.weight"),
+    (r"decoder\.layers\.(\d+)\.vlm\.(.*)", r"paligemma.model.language_model.layers.\1.\2"),
+    (r"decoder\.norm\.weight", "paligemma.model.language_model.norm.weight"),
+    (r"decoder\.layers\.(\d+)\.expert\.(.*)", r"gemma_expert.model.layers.\1.\2"),
+    (r"decoder\.expert_norm\.(.*)", r"gemma_expert.model.norm.\1"),
+]  # fmt: skip
+
+
+def ours_to_checkpoint(key: str) -> str | None:
+    """Our key -> LeRobot's key without the ``model.`` prefix (openpi's layout), or None."""
+    for pat, tmpl in _REVERSE:
+        m = re.fullmatch(pat, key)
+        if m:
+            return "paligemma_with_expert." + m.expand(tmpl)
+    m = re.fullmatch(
+        r"head\.(state_proj|action_in_proj|action_out_proj|action_time_mlp_\w+|time_mlp_\w+)\.(.*)", key
+    )
+    return f"{m[1]}.{m[2]}" if m else None
+
+
+# ----------------------------------------------------------------------------- finding checkpoints
+
+
+def hf_cache_dir() -> Path:
+    if os.environ.get("HF_HUB_CACHE"):
+        return Path(os.environ["HF_HUB_CACHE"])
+    home = Path(os.environ.get("HF_HOME", Path.home() / ".cache" / "huggingface"))
+    return home / "hub"
+
+
+def hf_snapshot(repo_id: str) -> Path | None:
+    """The local snapshot of ``owner/name`` in the Hugging Face cache (offline), or None."""
+    repo = hf_cache_dir() / ("models--" + repo_id.replace("/", "--"))
+    snaps = repo / "snapshots"
+    if not snaps.is_dir():
+        return None
+    ref = repo / "refs" / "main"
+    if ref.is_file() and (snaps / ref.read_text().strip()).is_dir():
+        return snaps / ref.read_text().strip()
+    found = sorted(snaps.iterdir(), key=lambda p: p.stat().st_mtime)
+    return found[-1] if found else None
+
+
+def resolve_checkpoint(spec: str | Path) -> Path:
+    """A folder, a folder holding ``pretrained_model/``, or a Hub id already in the local cache."""
+    path = Path(spec).expanduser()
+    if not path.exists() and isinstance(spec, str) and re.fullmatch(r"[\w.-]+/[\w.-]+", spec):
+        snap = hf_snapshot(spec)
+        if snap is None:
+            raise ValueError(
+                f"{spec!r} is neither a folder nor in the local Hugging Face cache ({hf_cache_dir()}); "
+                f"nothing is downloaded: fetch it first (huggingface-cli download {spec})"
+            )
+        path = snap
+    if not path.is_dir():
+        raise ValueError(f"checkpoint folder {path} does not exist")
+    if not (path / "config.json").exists() and (path / "pretrained_model" / "config.json").exists():
+        path = path / "pretrained_model"
+    return path
+
+
+def detect_format(folder: str | Path) -> str:
+    """-> "vlastack" | "lerobot" | "openpi"; a ValueError naming what is missing otherwise."""
+    folder = Path(folder)
+    cfg_file = folder / "config.json"
+    if not cfg_file.exists():
+        raise ValueError(f"{folder}: missing config.json (not a vlastack, LeRobot or openpi checkpoint)")
+    cfg = json.loads(cfg_file.read_text())
+    if "model" in cfg and isinstance(cfg["model"], dict):
+        return "vlastack"
+    if cfg.get("type") in ("pi0", "pi05"):
+        return "lerobot"
+    if cfg.get("type") is not None:
+        raise ValueError(f"{folder}: LeRobot policy type {cfg['type']!r}; supported: pi0, pi05")
+    if "paligemma_variant" in cfg or "action_expert_variant" in cfg:
+        return "openpi"
+    raise ValueError(f"{folder}/config.json: neither a vlastack, a LeRobot pi0/pi05 nor an openpi config")
+
+
+def checkpoint_kind(header: dict[str, TensorInfo]) -> str:
+    """pi05 has ``time_mlp_in`` and adaptive expert norms; pi0 has ``state_proj``."""
+    keys = {canonical_key(k) for k in header}
+    if "time_mlp_in.weight" in keys:
+        return "pi05"
+    if "state_proj.weight" in keys:
+        return "pi0"
+    raise ValueError("checkpoint has neither state_proj (pi0) nor time_mlp_in (pi05) weights")
+
+
+# ----------------------------------------------------------------------------- config from tensors
+
+
+def _shape(header: dict[str, TensorInfo], suffix: str) -> tuple[int, ...]:
+    for k, info in header.items():
+        if canonical_key(k).endswith(suffix):
+            return info.shape
+    raise ValueError(f"checkpoint lacks a tensor ending in {suffix!r}")
+
+
+def _depth(header: dict[str, TensorInfo], pattern: str) -> int:
+    idx = {int(m[1]) for k in header if (m := re.search(pattern, canonical_key(k)))}
+    if not idx:
+        raise ValueError(f"checkpoint has no layers matching {pattern!r}")
+    return max(idx) + 1
+
+
+def _decoder(header: dict[str, TensorInfo], stem: str, variant: dict, vocab: int) -> DecoderConfig:
+    q = _shape(header, f"{stem}.layers.0.self_attn.q_proj.weight")
+    k = _shape(header, f"{stem}.layers.0.self_attn.k_proj.weight")
+    heads = variant["heads"]
+    head_dim = q[0] // heads
+    return DecoderConfig(
+        width=q[1],
+        depth=_depth(header, re.escape(stem) + r"\.layers\.(\d+)\."),
+        heads=heads,
+        kv_heads=max(k[0] // head_dim, 1),
+        head_dim=head_dim,
+        mlp_dim=_shape(header, f"{stem}.layers.0.mlp.gate_proj.weight")[0],
+        vocab_size=vocab,
+    )
+
+
+def config_from_checkpoint(
+    folder: str | Path, overrides: list[str] | tuple[str, ...] = (), header: dict | None = None
+) -> tuple[ModelConfig, str, dict]:
+    """-> (our model config, "pi0" | "pi05", the checkpoint's config.json)."""
+    folder = Path(folder)
+    header = header if header is not None else read_folder_header(folder)
+    meta = json.loads((folder / "config.json").read_text())
+    kind = checkpoint_kind(header)
+    vlm_var = GEMMA_VARIANTS.get(meta.get("paligemma_variant", "gemma_2b"))
+    exp_var = GEMMA_VARIANTS.get(meta.get("action_expert_variant", "gemma_300m"))
+    if vlm_var is None or exp_var is None:
+        raise ValueError(f"unknown gemma variant in {folder}/config.json; known: {sorted(GEMMA_VARIANTS)}")
+    pg, ex = "paligemma.model.language_model", "gemma_expert.model"
+    vocab = (
+        _shape(header, f"{pg}.embed_tokens.weight")[0]
+        if any(canonical_key(k).endswith("embed_tokens.weight") for k in header)
+        else _shape(header, "paligemma.lm_head.weight")[0]
+    )
+    vlm = _decoder(header, pg, vlm_var, vocab)
+    expert = replace(_decoder(header, ex, exp_var, 1), heads=vlm.heads, kv_heads=vlm.kv_heads,
+                     head_dim=vlm.head_dim)  # fmt: skip
+    patch = _shape(header, "embeddings.patch_embedding.weight")
+    n_pos = _shape(header, "embeddings.position_embedding.weight")[0]
+    grid = round(n_pos**0.5)
+    vision = VisionConfig(
+        image_size=grid * patch[2],
+        patch_size=patch[2],
+        width=patch[0],
+        depth=_depth(header, r"vision_model\.encoder\.layers\.(\d+)\."),
+        heads=SIGLIP_SO400M_HEADS if patch[0] % SIGLIP_SO400M_HEADS == 0 else 1,
+        mlp_dim=_shape(header, "encoder.layers.0.mlp.fc1.weight")[0],
+    )
+    action_dim = _shape(header, "action_in_proj.weight")[1]
+    state_dim = _shape(header, "state_proj.weight")[1] if kind == "pi0" else meta.get("max_state_dim", 32)
+    cameras = camera_names(meta)
+    horizon = meta.get("chunk_size", meta.get("action_horizon", 50))
+    cfg = ModelConfig(
+        vision=vision,
+        vlm=vlm,
+        expert=expert,
+        action_horizon=horizon,
+        action_dim=action_dim,
+        state_dim=state_dim,
+        camera_names=cameras,
+        max_text_len=meta.get("tokenizer_max_length", 200 if kind == "pi05" else 48),
+        num_denoise_steps=meta.get("num_inference_steps", 10),
+        time_min_period=meta.get("min_period", 4e-3),
+        time_max_period=meta.get("max_period", 4.0),
+        tokenizer=str(folder),
+    )
+    cfg = with_kind(cfg, kind)
+    if overrides:
+        top = Config(model=cfg, eval=EvalConfig(steps_per_chunk=min(8, horizon)))
+        cfg = apply_overrides(top, [o if o.startswith("model.") else "model." + o for o in overrides]).model
+    return cfg, kind, meta
+
+
+def with_kind(cfg: ModelConfig, kind: str) -> ModelConfig:
+    """Select the Pi0 or Pi0.5 flow head in our config (``model.variant``)."""
+    if kind == "pi0":
+        return cfg
+    if "variant" not in {f.name for f in fields(ModelConfig)}:
+        raise ValueError("pi05 checkpoints need the Pi0.5 flow head, which this build does not have yet")
+    return replace(cfg, variant="pi05")
+
+
+def camera_names(meta: dict) -> tuple[str, ...]:
+    """Camera names in the config's input-feature order (``observation.images.`` stripped);
+    LeRobot's ``empty_cameras`` add ``empty_camera_i``; openpi's three fixed cameras otherwise."""
+    feats = meta.get("input_features")
+    if feats is None:
+        return ("base_0_rgb", "left_wrist_0_rgb", "right_wrist_0_rgb")
+    names = [k.removeprefix(IMAGE_PREFIX) for k, f in feats.items() if f.get("type") == "VISUAL"]
+    for i in range(meta.get("empty_cameras", 0)):
+        if f"empty_camera_{i}" not in names:
+            names.append(f"empty_camera_{i}")
+    if not names:
+        raise ValueError("the checkpoint's config.json lists no VISUAL input feature")
+    return tuple(names)
+
+
+# ----------------------------------------------------------------------------- loading
+
+
+def _problems(title: str, names: list[str]) -> str:
+    shown = ", ".join(names[:10])
+    return f"{len(names)} {title}: {shown}{' ...' if len(names) > 10 else ''}"
+
+
+def load_weights(
+    model: torch.nn.Module,
+    header: dict[str, TensorInfo],
+    source: str,
+    strict: bool = True,
+    dtype: torch.dtype | None = None,
+) -> list[str]:
+    """Fill ``model`` (built on the meta device) from the checkpoint, tensor by tensor, with
+    ``assign=True``: each tensor is read once, into the memory the model keeps. ``dtype``: cast
+    floating tensors (None keeps the checkpoint's). Returns the names left out (strict=False)."""
+    ours = model.state_dict()
+    wanted: dict[str, TensorInfo] = {}
+    unexpected, mis_shaped, ignored = [], [], []
+    for key, info in header.items():
+        try:
+            our = checkpoint_to_ours(key)
+        except KeyError:
+            unexpected.append(key)
+            continue
+        if our is None:
+            ignored.append(key)
+            continue
+        if our not in ours:
+            unexpected.append(f"{key} (-> {our})")
+        elif tuple(ours[our].shape) != info.shape:
+            mis_shaped.append(f"{key} {list(info.shape)} vs ours {list(ours[our].shape)}")
+        else:
+            wanted[our] = info
+    if "decoder.embed_tokens.weight" in ours and "decoder.embed_tokens.weight" not in wanted:
+        tied = [k for k in ignored if canonical_key(k).endswith("paligemma.lm_head.weight")]
+        if tied and header[tied[0]].shape == tuple(ours["decoder.embed_tokens.weight"].shape):
+            wanted["decoder.embed_tokens.weight"] = header[tied[0]]  # stored once, as the LM head
+    missing = sorted(set(ours) - set(wanted))
+    errors = [
+        _problems(t, n)
+        for t, n in (("missing", missing), ("unexpected", sorted(unexpected)), ("mis-shaped", mis_shaped))
+        if n
+    ]
+    if errors and strict:
+        raise ValueError(f"{source}: weights do not match the model: " + "; ".join(errors))
+
+    def read(item: tuple[str, TensorInfo]) -> tuple[str, torch.Tensor]:
+        our, info = item
+        return our, read_tensor(info, dtype if (dtype is not None and info.dtype.is_floating_point) else None)
+
+    # A few reads in flight: disk reads overlap with the page faults of the fresh memory they fill.
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        state = dict(pool.map(read, wanted.items()))
+    model.load_state_dict(state, strict=False, assign=True)
+    left = missing + sorted(unexpected) + mis_shaped
+    if left:
+        print(f"warning: strict=False: {source}: " + "; ".join(errors))
+        for name in missing:  # a missing tensor would stay on the meta device: give it a value
+            _materialize(model, name)
+    return left
+
+
+def _materialize(model: torch.nn.Module, name: str) -> None:
+    mod_name, _, attr = name.rpartition(".")
+    mod = model.get_submodule(mod_name)
+    old = getattr(mod, attr)
+    new = torch.zeros(old.shape, dtype=old.dtype)
+    if isinstance(old, torch.nn.Parameter):
+        new = torch.nn.Parameter(new, requires_grad=old.requires_grad)
+    setattr(mod, attr, new)
+
+
+def load_checkpoint(
+    path: str | Path,
+    overrides: list[str] | tuple[str, ...] = (),
+    strict: bool = True,
+    dtype: torch.dtype | None = None,
+) -> tuple[torch.nn.Module, str, dict]:
+    """A LeRobot or openpi folder -> (our VLA on the CPU, "pi0" | "pi05", its config.json)."""
+    from vlastack.models.vla import VLA
+
+    folder = resolve_checkpoint(path)
+    fmt = detect_format(folder)
+    if fmt not in EXTERNAL:
+        raise ValueError(f"{folder} is a {fmt} folder, not a LeRobot or openpi checkpoint")
+    header = read_folder_header(folder)
+    cfg, kind, meta = config_from_checkpoint(folder, overrides, header)
+    with torch.device("meta"):
+        model = VLA(cfg)
+    if kind == "pi05" and "head.state_proj.weight" in model.state_dict():
+        raise ValueError("pi05 checkpoints need the Pi0.5 flow head, which this build does not have yet")
+    load_weights(model, header, str(folder), strict=strict, dtype=dtype)
+    for name, buf in model.named_buffers():  # non-persistent buffers (RoPE tables) are rebuilt
+        if buf.device.type == "meta":
+            raise ValueError(f"buffer {name} was not initialised")
+    return model.eval(), kind, meta

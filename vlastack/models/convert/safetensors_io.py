@@ -1,0 +1,93 @@
+"""Lean safetensors reading: the header alone (names, dtypes, shapes) and one tensor at a time.
+
+``read_tensor`` reads the bytes with ``readinto`` straight into the tensor that the model keeps, so
+loading a checkpoint costs one copy of the weights in memory. Reading through a memory map
+(``safe_open``) would also leave every touched page of the file mapped into the process until the
+handle closes: peak RSS near twice the weights for a 3B model.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+DTYPES = {
+    "F64": torch.float64,
+    "F32": torch.float32,
+    "F16": torch.float16,
+    "BF16": torch.bfloat16,
+    "I64": torch.int64,
+    "I32": torch.int32,
+    "I16": torch.int16,
+    "I8": torch.int8,
+    "U8": torch.uint8,
+    "BOOL": torch.bool,
+}
+MAX_HEADER = 100 * 2**20
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    file: Path
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+    start: int  # absolute byte offset in the file
+    nbytes: int
+
+
+def read_header(file: str | Path) -> dict[str, TensorInfo]:
+    """One ``.safetensors`` file's table of contents: name -> ``TensorInfo`` (no tensor data read)."""
+    file = Path(file)
+    if not file.is_file():
+        raise ValueError(f"missing weights file {file}")
+    with open(file, "rb") as f:
+        raw = f.read(8)
+        if len(raw) != 8:
+            raise ValueError(f"{file}: not a safetensors file (shorter than 8 bytes)")
+        (n,) = struct.unpack("<Q", raw)
+        if n > MAX_HEADER:
+            raise ValueError(f"{file}: safetensors header of {n} bytes is implausible (corrupt file?)")
+        header = json.loads(f.read(n))
+    out = {}
+    for name, meta in header.items():
+        if name == "__metadata__":
+            continue
+        if meta["dtype"] not in DTYPES:
+            raise ValueError(f"{file}: tensor {name!r} has unsupported dtype {meta['dtype']}")
+        a, b = meta["data_offsets"]
+        out[name] = TensorInfo(file, DTYPES[meta["dtype"]], tuple(meta["shape"]), 8 + n + a, b - a)
+    return out
+
+
+def read_folder_header(folder: str | Path) -> dict[str, TensorInfo]:
+    """``model.safetensors`` or the shards named by ``model.safetensors.index.json``."""
+    folder = Path(folder)
+    index = folder / "model.safetensors.index.json"
+    if index.exists():
+        files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+    elif (folder / "model.safetensors").exists():
+        files = ["model.safetensors"]
+    else:
+        raise ValueError(f"{folder}: missing model.safetensors (or model.safetensors.index.json)")
+    out: dict[str, TensorInfo] = {}
+    for name in files:
+        out.update(read_header(folder / name))
+    return out
+
+
+def read_tensor(info: TensorInfo, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """The tensor's bytes read straight into a fresh CPU tensor (then cast to ``dtype`` if given)."""
+    buf = torch.empty(info.nbytes, dtype=torch.uint8)
+    with open(info.file, "rb") as f:
+        f.seek(info.start)
+        got = f.readinto(memoryview(buf.numpy()))
+    if got != info.nbytes:
+        raise ValueError(
+            f"{info.file}: truncated file (wanted {info.nbytes} bytes at {info.start}, got {got})"
+        )
+    t = buf.view(info.dtype).reshape(info.shape)
+    return t if dtype is None or dtype == t.dtype else t.to(dtype)
