@@ -58,7 +58,7 @@ def step_flops(model, cfg, batch_size: int) -> float:
 def bench(preset: str, batch_size: int, device: str, steps: int, precision: str, ckpt: bool) -> dict:
     overrides = [f"train.precision={precision}", f"train.activation_checkpointing={ckpt}"]
     if preset == "demo":
-        from vlastack.train.demo import demo_config
+        from vlastack.apps.demo import demo_config
 
         cfg = demo_config("tiny", None, overrides)
     else:

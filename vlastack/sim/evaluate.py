@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from vlastack.progress import EpisodeProgress
 from vlastack.sim.policies import PolicySpec, build_policy, check_actions, policy_name
 
 
@@ -170,16 +171,18 @@ def evaluate(
     jobs = [(i, names[i % len(names)], seed + i) for i in range(episodes)]
     name = policy_name(policy_factory)
     t0 = time.perf_counter()
+    bar = EpisodeProgress(episodes, f"eval {name}")
     if num_workers == 0:
         from vlastack.sim.env import make_env
 
         policy = build_policy(policy_factory)
         envs = {t: make_env(t, **env_kw) for t in names}
-        results = [run_episode(envs[t], policy, name, s, episode=i, **run_kw) for i, t, s in jobs]
+        results = [bar.done(run_episode(envs[t], policy, name, s, episode=i, **run_kw)) for i, t, s in jobs]
         for e in envs.values():
             e.close()
     else:
-        results = _run_parallel(policy_factory, env_kw, run_kw, jobs, num_workers, name)
+        results = _run_parallel(policy_factory, env_kw, run_kw, jobs, num_workers, name, bar.done_future)
+    bar.close()
     wall = time.perf_counter() - t0
     res = summarize(results, names, name, suite, wall)
     res["config"] = {
@@ -191,11 +194,13 @@ def evaluate(
     return res
 
 
-def _run_parallel(spec, env_kw, run_kw, jobs, num_workers, name) -> list[dict]:
+def _run_parallel(spec, env_kw, run_kw, jobs, num_workers, name, on_done=None) -> list[dict]:
     threads = max(1, (os.cpu_count() or 1) // num_workers)
     ctx = mp.get_context("spawn")
     ex = ProcessPoolExecutor(num_workers, mp_context=ctx, initializer=_init_worker, initargs=(threads,))
     futs = {ex.submit(_episode_job, spec, env_kw, run_kw, *j): j for j in jobs}
+    for f in futs if on_done else ():
+        f.add_done_callback(on_done)
     try:
         done, _ = wait(futs, return_when=FIRST_EXCEPTION)
         for f in done:
