@@ -24,12 +24,12 @@ from torch.utils.data import default_collate
 
 from vlastack.batch import Batch, to_device, validate_batch
 from vlastack.config import Config, save_yaml
+from vlastack.data.loader import MemoryDataset, ResumableBatchSampler, training_batches
 from vlastack.diagnostics.memory import peak_memory_mb
 from vlastack.models.vla import VLA, build_model
 from vlastack.nn.lora import apply_lora, lora_state_dict, remove_lora
 from vlastack.progress import Progress
 from vlastack.train import checkpoint as ck
-from vlastack.train.data import MemoryDataset, ResumableBatchSampler, batch_iterator
 from vlastack.train.logs import RunLogger, plot_loss
 from vlastack.train.optim import EMA, WarmupCosine, build_optimizer, freeze_parts
 from vlastack.train.parallel import (
@@ -335,9 +335,8 @@ class Trainer:
         sampler = ResumableBatchSampler(
             len(self.dataset), t.batch_size, t.seed, self.dist.rank, self.dist.world_size, self.position
         )
-        nw = 0 if isinstance(self.dataset, MemoryDataset) else d.num_workers
         pin = d.pin_memory and self.device.type == "cuda"
-        return batch_iterator(self.dataset, sampler, nw, d.prefetch_factor, pin)
+        return training_batches(self.dataset, sampler, self.cfg, pin)
 
     def _augment(self, batch: Batch) -> Batch:
         d = self.cfg.data
