@@ -21,7 +21,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
-def demo_losses(data: Path, steps: int) -> list[float]:
+def demo_losses(data: Path, steps: int, threads: int = 2) -> list[float]:
     try:
         from vlastack.apps.demo import DATA_NOISE, VIDEO_QUALITY, demo_config
     except ImportError:  # before vlastack/apps existed
@@ -29,14 +29,15 @@ def demo_losses(data: Path, steps: int) -> list[float]:
     from vlastack.sim.generate import generate
     from vlastack.train.trainer import Trainer
 
-    cfg = demo_config("tiny", None, ["train.precision=fp32", "train.steps=3400", "train.log_every=1000"])
+    overrides = ["train.precision=fp32", "train.steps=3400", "train.log_every=1000"]
+    cfg = demo_config("tiny", None, [*overrides, f"train.num_threads={threads}"])
     if not (data / "meta" / "info.json").exists():
         generate(
             data, suite=cfg.eval.suite, episodes=40, workers=2, image_size=cfg.model.vision.image_size,
             cameras=cfg.model.camera_names, noise=DATA_NOISE, seed=0, overwrite=True,
             video_quality=VIDEO_QUALITY,
         )  # fmt: skip
-    torch.set_num_threads(2)
+    torch.set_num_threads(threads)
     run = Path(tempfile.mkdtemp(prefix="demo_losses_"))
     try:
         summary = Trainer(cfg, data_path=data, run_dir=run, verbose=False).fit(stop_after=steps)
@@ -51,8 +52,9 @@ def main() -> int:
     ap.add_argument("path")
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--data", default="/tmp/demo_losses_data")
+    ap.add_argument("--threads", type=int, default=2, help="the demo's 2; 1 on a crowded machine")
     args = ap.parse_args()
-    losses = demo_losses(Path(args.data), args.steps)
+    losses = demo_losses(Path(args.data), args.steps, args.threads)
     if args.mode == "record":
         Path(args.path).write_text(json.dumps({"steps": args.steps, "losses": losses}))
         print(f"recorded {len(losses)} losses, last {losses[-1]!r} -> {args.path}")

@@ -55,3 +55,21 @@ def test_measure_runs_on_the_demo_shapes():
     assert all(m <= 1024 for m, _, _ in shapes)
     fp32_s, bf16_s = measure(SHAPES, budget_s=0.2, reps=2)
     assert fp32_s > 0 and bf16_s > 0
+
+
+def test_library_layers_do_not_import_apps():
+    """Applications sit above the library: only vlastack/cli.py (the entry point) names them."""
+    import ast
+    from pathlib import Path
+
+    root = Path(__file__).parents[2] / "vlastack"
+    offenders = []
+    for path in root.rglob("*.py"):
+        if path.parts[-2] == "apps" or path.name == "cli.py" and path.parent == root:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            if isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module]
+            offenders += [f"{path.relative_to(root)}: {n}" for n in names if n.startswith("vlastack.apps")]
+    assert offenders == []
