@@ -65,7 +65,7 @@ def test_library_layers_do_not_import_apps():
     root = Path(__file__).parents[2] / "vlastack"
     offenders = []
     for path in root.rglob("*.py"):
-        if path.parts[-2] == "apps" or path.name == "cli.py" and path.parent == root:
+        if path.parts[-2] == "apps" or (path.name == "cli.py" and path.parent == root):
             continue
         for node in ast.walk(ast.parse(path.read_text())):
             names = [a.name for a in node.names] if isinstance(node, ast.Import) else []

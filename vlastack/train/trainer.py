@@ -358,27 +358,35 @@ class Trainer:
         end = min(t.steps, stop_after) if stop_after else t.steps
         it = self.batches()
         self.wrapped.train()
-        meter, losses, last_ckpt = StepMeter(), [], None
+        meter, losses = StepMeter(), []
         t_start = time.perf_counter()
         with Progress(t.steps, "train", "step", initial=self.step, enabled=self.logger.enabled) as bar:
             self.bar = bar
-            for w in self.warnings:
-                self._message(f"warning: {w}")
-            while self.step < end:
-                t0 = time.perf_counter()
-                micro = self._next_micro_batches(it)
-                t1 = time.perf_counter()
-                res, lr = self._optimizer_step(micro)
-                losses.append(res.loss)
-                self._check_health(res)
-                samples = t.batch_size * t.grad_accum * self.dist.world_size
-                meter.add(res, wait=t1 - t0, elapsed=time.perf_counter() - t0, samples=samples)
-                bar.update(1, loss=f"{res.loss:.4f}", lr=f"{lr:.1e}")
-                if self.step % t.log_every == 0 or self.step == t.steps:
-                    self._log_metrics(meter.flush(), lr)
-                last_ckpt = self._checkpoint_if_due(end) or last_ckpt
-            self.bar = None
+            try:
+                last_ckpt = self._loop(it, end, meter, losses)
+            finally:
+                self.bar = None
         return self._finish(last_ckpt, losses, t_start)
+
+    def _loop(self, it, end: int, meter: StepMeter, losses: list[float]) -> Path | None:
+        """Steps until ``end``: batches, optimizer step, health check, metrics, checkpoints."""
+        t, last_ckpt = self.cfg.train, None
+        for w in self.warnings:
+            self._message(f"warning: {w}")
+        while self.step < end:
+            t0 = time.perf_counter()
+            micro = self._next_micro_batches(it)
+            t1 = time.perf_counter()
+            res, lr = self._optimizer_step(micro)
+            losses.append(res.loss)
+            self._check_health(res)
+            samples = t.batch_size * t.grad_accum * self.dist.world_size
+            meter.add(res, wait=t1 - t0, elapsed=time.perf_counter() - t0, samples=samples)
+            self.bar.update(1, loss=f"{res.loss:.4f}", lr=f"{lr:.1e}")
+            if self.step % t.log_every == 0 or self.step == t.steps:
+                self._log_metrics(meter.flush(), lr)
+            last_ckpt = self._checkpoint_if_due(end) or last_ckpt
+        return last_ckpt
 
     def _message(self, text: str) -> None:
         if self.bar is not None:
