@@ -134,7 +134,7 @@ def success_chart(evals: dict[str, dict]) -> str | None:
     ax.set(ylabel="success rate", title="closed-loop success per task (95% CI)")
     ax.grid(axis="y", alpha=0.3)
     if len(evals) > 1:
-        ax.legend(fontsize=8, ncols=min(3, len(evals)))
+        ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))  # beside, never over bars
     return _svg(fig)
 
 
