@@ -111,3 +111,26 @@ def test_report_renders_in_headless_chromium(report, tmp_path):
     assert img.shape[0] > 500 and img.std() > 10  # not blank
     colors = {tuple(c) for c in img.reshape(-1, 3)[::97]}
     assert len(colors) > 20  # charts, text and video frames, not one background color
+
+
+def test_run_report_and_eval_report_read_their_folders(tmp_path, report):
+    """`vla train` -> run_report(run folder); `vla eval` -> eval_report(out folder, result)."""
+    import json
+
+    from vlastack.diagnostics.report import eval_report, run_report
+
+    run = tmp_path / "run"
+    (run / "eval" / "step_0000200").mkdir(parents=True)
+    recs = [
+        {"step": s, "train/loss": 1 / s, "train/lr": 1e-3, "train/samples_per_s": 150.0} for s in (10, 20)
+    ]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    (run / "train_summary.json").write_text(json.dumps({"steps": 20, "train_s": 3.0}))
+    (run / "config.yaml").write_text("train:\n  steps: 20\n")
+    res = {**_eval_result("ema", {"reach": 0.5}), "videos": [str(tmp_path / "ep0001_reach_success.mp4")]}
+    (run / "eval" / "step_0000200" / "eval.json").write_text(json.dumps(res))
+    text = run_report(run).read_text()
+    assert text.count("<svg") == 3 and text.count("data:video/mp4") == 1
+    assert "final loss" in text and "0.0500" in text and "steps: 20" in text
+    text = eval_report(tmp_path / "eval", res, {"policy": "x"}).read_text()
+    assert text.count("<svg") == 1 and "mean task success" in text and "50%" in text
