@@ -1,6 +1,11 @@
 """Training throughput (samples/s) and peak memory: tiny and small on CPU; pi0 on a GPU.
 
     .venv/bin/python bench/train.py [--steps 5] [--presets tiny,small,demo] [--cpu-precisions fp32,bf16]
+    .venv/bin/python bench/train.py --ab fp32,fp32+fused,bf16 --reps 7 --steps 3 --name train_ab
+
+``--ab`` times variants of the demo step interleaved (medians of wall and process CPU time per
+step), for A/B decisions on a machine other jobs share; run it once more under
+``ONEDNN_MAX_CPU_ISA=AVX2 ATEN_CPU_CAPABILITY=avx2`` for an AVX2-only CPU.
 
 ``demo`` is the ``vla demo`` model and batch (tiny + the demo recipe: patch 8, two cameras, the
 grounding head). CPU rows run once per precision: bf16 autocast pays off on CPUs with bf16 matmul
@@ -58,7 +63,7 @@ def step_flops(model, cfg, batch_size: int) -> float:
 def bench(preset: str, batch_size: int, device: str, steps: int, precision: str, ckpt: bool) -> dict:
     overrides = [f"train.precision={precision}", f"train.activation_checkpointing={ckpt}"]
     if preset == "demo":
-        from vlastack.train.demo import demo_config
+        from vlastack.apps.demo import demo_config
 
         cfg = demo_config("tiny", None, overrides)
     else:
@@ -111,6 +116,101 @@ def bench_fitting(
     raise RuntimeError(f"{preset}: no batch size in {batches} fits")
 
 
+def build_variant(spec: str, batch_size: int = 32) -> dict:
+    """A demo-preset training step for A/B timing. ``spec``: precision plus options joined by '+':
+    ``fp32``, ``bf16``, ``fp32+fused`` (AdamW's fused CPU kernel instead of foreach),
+    ``fp32+compile`` (torch.compile of the whole model: forward and backward),
+    ``fp32+threads1`` (one intra-op thread)."""
+    from vlastack.apps.demo import demo_config
+
+    precision, *opts = spec.split("+")
+    cfg = demo_config("tiny", None, [f"train.precision={precision}"], precision=precision)
+    torch.manual_seed(0)
+    model = build_model(cfg.model)
+    opt = build_optimizer(model, cfg.train)
+    if "fused" in opts:
+        groups = [{k: v for k, v in g.items() if k not in ("foreach", "fused")} for g in opt.param_groups]
+        opt = torch.optim.AdamW(groups, lr=cfg.train.lr, betas=cfg.train.betas, fused=True)
+    if "compile" in opts:
+        model.compile()
+    batch = dummy_batch(cfg.model, batch_size)
+    threads = 1 if "threads1" in opts else None
+
+    def step():
+        return train_step(model, opt, [batch], device_type="cpu", precision=precision)
+
+    t0 = time.perf_counter()
+    with _threads(threads):
+        step()  # warm-up (and compilation)
+        first = time.perf_counter() - t0
+        step()
+    return {"spec": spec, "step": step, "threads": threads, "first_step_s": first}
+
+
+class _threads:
+    def __init__(self, n: int | None) -> None:
+        self.n, self.old = n, torch.get_num_threads()
+
+    def __enter__(self) -> None:
+        if self.n:
+            torch.set_num_threads(self.n)
+
+    def __exit__(self, *exc: object) -> None:
+        torch.set_num_threads(self.old)
+
+
+def ab(specs: list[str], reps: int, steps: int) -> list[dict]:
+    """Interleaved A/B: each rep times ``steps`` steps of every variant in turn (a noisy neighbour
+    then hits all of them alike); per-step medians over reps of wall and process CPU time."""
+    import statistics
+
+    variants = [build_variant(s) for s in specs]
+    wall: dict[str, list[float]] = {s: [] for s in specs}
+    cpu: dict[str, list[float]] = {s: [] for s in specs}
+    for r in range(reps):
+        for v in variants:
+            with _threads(v["threads"]):
+                t0, c0 = time.perf_counter(), time.process_time()
+                for _ in range(steps):
+                    v["step"]()
+                wall[v["spec"]].append((time.perf_counter() - t0) / steps)
+                cpu[v["spec"]].append((time.process_time() - c0) / steps)
+        print(f"rep {r + 1}/{reps}: " + ", ".join(f"{s} {wall[s][-1]:.3f}s" for s in specs), flush=True)
+    return [
+        {
+            "preset": "demo",
+            "variant": v["spec"],
+            "batch": 32,
+            "reps": reps,
+            "steps_per_rep": steps,
+            "step_s_median": round(statistics.median(wall[v["spec"]]), 4),
+            "step_s_min": round(min(wall[v["spec"]]), 4),
+            "cpu_s_per_step_median": round(statistics.median(cpu[v["spec"]]), 4),
+            "first_step_s": round(v["first_step_s"], 2),
+        }
+        for v in variants
+    ]
+
+
+def machine() -> dict:
+    """CPU flags that decide bf16 speed, ATen's kernel level, the load, the date."""
+    import datetime
+    import os
+
+    cpuinfo = Path("/proc/cpuinfo")
+    lines = cpuinfo.read_text().splitlines() if cpuinfo.exists() else []
+    flags = next((ln for ln in lines if ln.startswith("flags")), "")
+    keep = ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile", "avx512_vnni", "avx_vnni")
+    return {
+        "cpu_flags": [f for f in keep if f in flags.split()],
+        "aten_cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "ONEDNN_MAX_CPU_ISA": os.environ.get("ONEDNN_MAX_CPU_ISA", ""),
+        "ATEN_CPU_CAPABILITY": os.environ.get("ATEN_CPU_CAPABILITY", ""),
+        "loadavg_1min_at_end": os.getloadavg()[0],
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="minutes"),
+    }
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=5)
@@ -119,8 +219,17 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--pi0-batches", default="32,16,8,4,2,1", help="tried largest first")
     ap.add_argument("--name", default="train", help="results file (bench/results/NAME.json)")
+    ap.add_argument("--ab", default="", help="interleaved A/B of demo variants, e.g. fp32,fp32+fused,bf16")
+    ap.add_argument("--reps", type=int, default=7, help="--ab: interleaved repetitions (medians over them)")
+    ap.add_argument("--note", default="", help="--ab: a note stored with the rows (e.g. 'machine shared')")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
+    if args.ab:
+        rows = ab(args.ab.split(","), args.reps, args.steps)
+        print_table(rows, list(rows[0]))
+        payload = {"rows": rows, "machine": machine(), "notes": args.note}
+        print("wrote", write_results(args.name, payload))
+        return
     cpu_batch = {"tiny": 32, "small": 4, "pi0": 1, "demo": 32}
     presets = [p for p in args.presets.split(",") if p]
     precisions = [p for p in args.cpu_precisions.split(",") if p]

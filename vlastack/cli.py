@@ -22,6 +22,7 @@ MODULES = (
     "vlastack.infer.import_cli",
     "vlastack.diagnostics.cli",
     "vlastack.labs.cli",
+    "vlastack.apps.cli",
 )
 
 

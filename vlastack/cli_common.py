@@ -14,7 +14,11 @@ from vlastack.config import Config, load_config
 def add_config_args(p: argparse.ArgumentParser) -> None:
     """The config arguments every config-taking command shares: preset, YAML, dotted overrides."""
     p.add_argument("--preset", default="tiny", help="tiny | small | pi0 | pi05 (default: tiny)")
-    p.add_argument("--config", default=None, help="YAML file applied on top of the preset")
+    p.add_argument(
+        "--config",
+        default=None,
+        help="YAML file (or a packaged one by name, e.g. demo) applied on top of the preset",
+    )
     p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. model.expert.depth=6 train.lr=1e-4")
 
 

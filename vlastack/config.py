@@ -603,10 +603,21 @@ def save_yaml(cfg: Config, path: str | Path) -> None:
     Path(path).write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
 
 
+def packaged_yaml(name: str) -> str | None:
+    """The text of a config shipped in the package (``vlastack/configs/<name>.yaml``), or None."""
+    from importlib.resources import files
+
+    res = files("vlastack").joinpath("configs", f"{name.removesuffix('.yaml')}.yaml")
+    return res.read_text() if res.is_file() else None
+
+
 def load_yaml(path: str | Path, base: Config | None = None) -> Config:
+    """A YAML file, or a packaged config by bare name (``demo``: vlastack/configs/demo.yaml)."""
     from vlastack.fileio import read_yaml
 
-    data = read_yaml(path) or {}
+    p = Path(path)
+    packaged = None if p.exists() or len(p.parts) > 1 else packaged_yaml(str(path))
+    data = (yaml.safe_load(packaged) if packaged is not None else read_yaml(path)) or {}
     if not isinstance(data, dict):
         raise ValueError(f"{path}: a config YAML must be a mapping of sections, got {type(data).__name__}")
     return from_dict(data, base)

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from vlastack.apps.demo import DATA_NOISE
 from vlastack.sim.env import make_env
 from vlastack.sim.imitability import oracle_bc
-from vlastack.train.demo import DATA_NOISE
 
 
 def test_privileged_state_names_the_prompted_objects():

@@ -72,16 +72,6 @@ def test_vla_train_refuses_mismatched_dataset(sim_data, tmp_path, capsys):
     assert "action has 4 dims, model.action_dim is 2" in capsys.readouterr().err
 
 
-def test_demo_recipe_matches_configs_yaml():
-    from pathlib import Path
-
-    from vlastack.config import load_config
-    from vlastack.train.demo import demo_config
-
-    yaml_path = Path(__file__).parents[2] / "configs" / "demo.yaml"
-    assert demo_config() == load_config("tiny", yaml_path)
-
-
 def test_vla_train_under_torchrun_ddp(sim_data, tmp_path):
     """`torchrun --nproc_per_node 2 vla train train.parallel=ddp` on CPU/gloo: both ranks exit 0,
     only rank 0 prints and writes the run folder, and the exported policy loads."""

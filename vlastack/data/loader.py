@@ -1,17 +1,25 @@
-"""DataLoader construction and host-to-device transfer for training.
+"""The one DataLoader builder, a resumable batch sampler, an in-memory cache, host-to-device copy.
 
 ``build_dataloader`` applies ``cfg.data`` (workers, pinning, persistence, prefetch), seeds each
 worker deterministically, and uses a ``DistributedSampler`` for map-style datasets when
-``torch.distributed`` is initialized (streaming datasets shard themselves).
+``torch.distributed`` is initialized (streaming datasets shard themselves); given a
+``batch_sampler`` (training: ``ResumableBatchSampler``) it follows that instead.
+
+Training order is a pure function of (seed, epoch): epoch ``e`` is ``randperm(N)`` from a
+generator seeded with ``(seed, e)``, cut into global micro-batches of ``batch_size * world``
+samples (the remainder is dropped); rank ``r`` takes slice ``r`` of each. The position is the
+number of global micro-batches consumed so far, so a resumed run continues with exactly the
+batches the uninterrupted run would have drawn, whatever the DataLoader prefetched.
 """
 
 from __future__ import annotations
 
 import random
+from collections.abc import Iterator
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, Dataset, DistributedSampler, IterableDataset
+from torch.utils.data import DataLoader, Dataset, DistributedSampler, IterableDataset, Sampler
 
 from vlastack.batch import Batch, to_device
 from vlastack.config import Config
@@ -24,6 +32,75 @@ def seed_worker(worker_id: int) -> None:
     random.seed(seed)
 
 
+class ResumableBatchSampler(Sampler[list[int]]):
+    """Endless per-rank micro-batches of indices, starting at global micro-batch ``start``."""
+
+    def __init__(
+        self, n: int, batch_size: int, seed: int, rank: int = 0, world_size: int = 1, start: int = 0
+    ) -> None:
+        self.n, self.batch_size, self.seed = n, batch_size, seed
+        self.rank, self.world_size, self.start = rank, world_size, start
+        self.per_epoch = n // (batch_size * world_size)
+        if self.per_epoch == 0:
+            raise ValueError(
+                f"the dataset has {n} samples, fewer than one global micro-batch "
+                f"(train.batch_size {batch_size} x {world_size} ranks); lower train.batch_size"
+            )
+
+    def order(self, epoch: int) -> torch.Tensor:
+        g = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
+        return torch.randperm(self.n, generator=g)
+
+    def __iter__(self) -> Iterator[list[int]]:
+        pos = self.start
+        g = self.batch_size * self.world_size
+        while True:
+            epoch, k = divmod(pos, self.per_epoch)
+            perm = self.order(epoch)
+            for j in range(k, self.per_epoch):
+                lo = j * g + self.rank * self.batch_size
+                yield perm[lo : lo + self.batch_size].tolist()
+            pos = (epoch + 1) * self.per_epoch
+
+
+class MemoryDataset(Dataset):
+    """All samples of a dataset stacked into tensors (uint8 images stay uint8): indexing is a gather.
+
+    For small datasets (the demo's ~10k frames of 2x64x64 images are ~250 MB) this removes video
+    decoding from the training loop entirely.
+    """
+
+    def __init__(self, dataset: Dataset, num_workers: int = 0, batch_size: int = 256) -> None:
+        # spawn, not fork: a dataset that already opened video decoders in this process can
+        # deadlock in forked workers.
+        ctx = "spawn" if num_workers > 0 else None
+        loader = DataLoader(
+            dataset,
+            batch_size=batch_size,
+            shuffle=False,
+            num_workers=num_workers,
+            multiprocessing_context=ctx,
+        )
+        parts: dict[str, list[torch.Tensor]] = {}
+        for b in loader:
+            for k, v in b.items():
+                parts.setdefault(k, []).append(v)
+        if not parts:
+            raise ValueError("cannot preload an empty dataset")
+        self.data = {k: torch.cat(v) for k, v in parts.items()}
+        self.normalizer = getattr(dataset, "normalizer", None)
+
+    def __len__(self) -> int:
+        return next(iter(self.data.values())).shape[0]
+
+    def gather(self, indices: list[int]) -> Batch:
+        idx = torch.as_tensor(indices, dtype=torch.int64)
+        return {k: v.index_select(0, idx) for k, v in self.data.items()}
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        return {k: v[i] for k, v in self.data.items()}
+
+
 def build_dataloader(
     dataset: Dataset | IterableDataset,
     cfg: Config,
@@ -32,30 +109,57 @@ def build_dataloader(
     drop_last: bool = True,
     seed: int | None = None,
     num_workers: int | None = None,
+    batch_sampler: Sampler[list[int]] | None = None,
+    multiprocessing_context: str | None = None,
+    pin_memory: bool | None = None,
 ) -> DataLoader:
-    """A DataLoader over ``dataset`` with the loader settings of ``cfg.data``."""
+    """A DataLoader over ``dataset`` with the loader settings of ``cfg.data``.
+
+    ``batch_sampler``: yields the index lists (then ``batch_size``, ``shuffle`` and ``drop_last``
+    are its business). ``pin_memory`` defaults to ``data.pin_memory`` where CUDA exists.
+    ``multiprocessing_context="spawn"`` for datasets that may already hold open
+    video decoders in this process (forked workers can deadlock on them)."""
     d = cfg.data
     nw = d.num_workers if num_workers is None else num_workers
     seed = cfg.train.seed if seed is None else seed
-    g = torch.Generator().manual_seed(seed)
-    sampler = None
-    iterable = isinstance(dataset, IterableDataset)
-    if not iterable and torch.distributed.is_available() and torch.distributed.is_initialized():
-        sampler = DistributedSampler(dataset, shuffle=shuffle, seed=seed, drop_last=drop_last)
-    kw = {}
+    kw: dict = {}
     if nw > 0:
-        kw = {"persistent_workers": d.persistent_workers, "prefetch_factor": d.prefetch_factor}
+        kw = {"persistent_workers": d.persistent_workers, "prefetch_factor": d.prefetch_factor,
+              "multiprocessing_context": multiprocessing_context}  # fmt: skip
+    if batch_sampler is not None:
+        kw["batch_sampler"] = batch_sampler
+    else:
+        sampler = None
+        iterable = isinstance(dataset, IterableDataset)
+        if not iterable and torch.distributed.is_available() and torch.distributed.is_initialized():
+            sampler = DistributedSampler(dataset, shuffle=shuffle, seed=seed, drop_last=drop_last)
+        kw.update(
+            batch_size=batch_size or cfg.train.batch_size, shuffle=shuffle and sampler is None and not iterable,
+            sampler=sampler, drop_last=drop_last,
+        )  # fmt: skip
     return DataLoader(
         dataset,
-        batch_size=batch_size or cfg.train.batch_size,
-        shuffle=shuffle and sampler is None and not iterable,
-        sampler=sampler,
         num_workers=nw,
-        pin_memory=d.pin_memory and torch.cuda.is_available(),
-        drop_last=drop_last,
+        pin_memory=d.pin_memory and torch.cuda.is_available() if pin_memory is None else pin_memory,
         worker_init_fn=seed_worker,
-        generator=g,
+        # Workers draw their base seed from this, not from the global RNG (which must stay
+        # untouched for exact resume).
+        generator=torch.Generator().manual_seed(seed),
         **kw,
+    )
+
+
+def training_batches(
+    dataset: Dataset, sampler: ResumableBatchSampler, cfg: Config, pin_memory: bool = False
+) -> Iterator[Batch]:
+    """Endless training batches following ``sampler``: gathered from a ``MemoryDataset``, else
+    through ``build_dataloader`` (spawned workers)."""
+    if isinstance(dataset, MemoryDataset):
+        for idx in sampler:
+            yield dataset.gather(idx)
+        return
+    yield from build_dataloader(
+        dataset, cfg, batch_sampler=sampler, multiprocessing_context="spawn", pin_memory=pin_memory
     )
 
 

@@ -133,15 +133,19 @@ def convert_rlds_to_lerobot(
     instruction_key: str = "steps/language_instruction",
     split: str = "train",
     robot_type: str | None = None,
+    progress: bool = True,
 ) -> int:
-    """Convert an RLDS folder to a LeRobot v3 dataset at ``dst``; returns the episode count."""
+    """Convert an RLDS folder to a LeRobot v3 dataset at ``dst``; returns the episode count.
+
+    ``progress``: show a live count of converted episodes (episodes/s)."""
     from vlastack.data.lerobot import LeRobotWriter
+    from vlastack.progress import track
 
     if images not in ("video", "image"):
         raise ValueError(f"images must be 'video' or 'image', got {images!r}")
     writer, n = None, 0
     try:
-        for where, ep in iter_episodes(src, split):
+        for where, ep in track(iter_episodes(src, split), desc="convert", unit="episode", enabled=progress):
             for k in (state_key, action_key):
                 if k not in ep:
                     have = sorted(k2 for k2 in ep if not k2.startswith("_"))

@@ -76,24 +76,31 @@ def ours_to_hf(key: str) -> str | None:
     return None
 
 
-def read_safetensors_folder(folder: str | Path) -> dict[str, Tensor]:
-    """All tensors of ``model.safetensors`` or the shards named in ``model.safetensors.index.json``."""
+def read_safetensors_folder(folder: str | Path, progress: bool = True) -> dict[str, Tensor]:
+    """All tensors of ``model.safetensors`` or the shards named in ``model.safetensors.index.json``
+    (``progress``: a live count of tensors read, for multi-GB checkpoints)."""
+    from vlastack.progress import Progress
+
     folder = Path(folder)
     index = folder / "model.safetensors.index.json"
+    total = None
     if index.exists():
-        files = sorted(set(read_json(index)["weight_map"].values()))
+        weight_map = read_json(index)["weight_map"]
+        files, total = sorted(set(weight_map.values())), len(weight_map)
     elif (folder / "model.safetensors").exists():
         files = ["model.safetensors"]
     else:
         raise ValueError(f"{folder}: no model.safetensors or model.safetensors.index.json")
     out: dict[str, Tensor] = {}
-    for name in files:
-        with open_safetensors(folder / name) as f:
-            try:
-                for k in f.keys():  # noqa: SIM118 - safe_open has no __iter__
-                    out[k] = f.get_tensor(k)
-            except Exception as e:  # a file cut short past its header fails here
-                raise safetensors_read_error(folder / name, e) from None
+    with Progress(total, f"read {folder.name}", "tensor", enabled=progress) as bar:
+        for name in files:
+            with open_safetensors(folder / name) as f:
+                try:
+                    for k in f.keys():  # noqa: SIM118 - safe_open has no __iter__
+                        out[k] = f.get_tensor(k)
+                        bar.update(1)
+                except Exception as e:  # a file cut short past its header fails here
+                    raise safetensors_read_error(folder / name, e) from None
     return out
 
 

@@ -100,5 +100,8 @@ def _eval(args: argparse.Namespace) -> int:
         print(f"{t:>16}: {s['success_rate']:6.1%}  [{lo:.2f}, {hi:.2f}]  n={s['n']}")
     o = res["overall"]
     print(f"{'overall':>16}: {o['success_rate']:6.1%}  [{o['ci95'][0]:.2f}, {o['ci95'][1]:.2f}]  n={o['n']}")
-    print(f"wrote {args.out}/eval.json ({res['wall_s']:.1f}s)")
+    from vlastack.diagnostics.run_report import eval_report
+
+    report = eval_report(args.out, res, {"eval": res["config"], "policy": args.policy})
+    print(f"wrote {args.out}/eval.json ({res['wall_s']:.1f}s); report: {report}")
     return 0

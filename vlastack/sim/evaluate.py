@@ -31,6 +31,7 @@ import numpy as np
 
 from vlastack.config import EvalConfig
 from vlastack.infer.chunking import ActionChunker
+from vlastack.progress import EpisodeProgress
 from vlastack.sim.policies import PolicySpec, build_policy, check_actions, policy_name
 
 
@@ -167,16 +168,18 @@ def evaluate(
     jobs = [(i, names[i % len(names)], cfg.seed + i) for i in range(cfg.episodes)]
     name = policy_name(policy_factory)
     t0 = time.perf_counter()
+    bar = EpisodeProgress(cfg.episodes, f"eval {name}")
     if num_workers == 0:
         from vlastack.sim.env import make_env
 
         policy = build_policy(policy_factory)
         envs = {t: make_env(t, **env_kw) for t in names}
-        results = [run_episode(envs[t], policy, name, s, episode=i, **run_kw) for i, t, s in jobs]
+        results = [bar.done(run_episode(envs[t], policy, name, s, episode=i, **run_kw)) for i, t, s in jobs]
         for e in envs.values():
             e.close()
     else:
-        results = _run_parallel(policy_factory, env_kw, run_kw, jobs, num_workers, name)
+        results = _run_parallel(policy_factory, env_kw, run_kw, jobs, num_workers, name, bar.done_future)
+    bar.close()
     wall = time.perf_counter() - t0
     res = summarize(results, names, name, cfg.suite, wall)
     res["config"] = {
@@ -189,11 +192,13 @@ def evaluate(
     return res
 
 
-def _run_parallel(spec, env_kw, run_kw, jobs, num_workers, name) -> list[dict]:
+def _run_parallel(spec, env_kw, run_kw, jobs, num_workers, name, on_done=None) -> list[dict]:
     threads = max(1, (os.cpu_count() or 1) // num_workers)
     ctx = mp.get_context("spawn")
     ex = ProcessPoolExecutor(num_workers, mp_context=ctx, initializer=_init_worker, initargs=(threads,))
     futs = {ex.submit(_episode_job, spec, env_kw, run_kw, *j): j for j in jobs}
+    for f in futs if on_done else ():
+        f.add_done_callback(on_done)
     try:
         done, _ = wait(futs, return_when=FIRST_EXCEPTION)
         for f in done:

@@ -29,6 +29,8 @@ from typing import Any
 
 import numpy as np
 
+from vlastack.progress import Progress
+
 EVAL_SEED_START = 1_000_000  # EvalConfig.seed: generation seeds must stay below it
 STATE_NAMES = ["ee_x", "ee_y", "ee_z", "gripper_opening", "holding"]
 ACTION_NAMES = ["dx", "dy", "dz", "grip"]
@@ -109,8 +111,11 @@ def generate(
     seed: int = 0,
     overwrite: bool = False,
     video_quality: str = "standard",
+    progress: bool = True,
 ) -> dict[str, Any]:
-    """Write ``episodes`` successful expert demos to a LeRobot v3 dataset at ``out``; returns a report."""
+    """Write ``episodes`` successful expert demos to a LeRobot v3 dataset at ``out``; returns a report.
+
+    ``progress``: show a live bar (episodes/s, ETA, the expert's success so far)."""
     from vlastack.data.lerobot import LeRobotWriter
     from vlastack.data.samples import ENV_KEY, ENV_UV_KEY
     from vlastack.sim.env import make_env, suite_tasks
@@ -165,6 +170,7 @@ def generate(
     attempts: dict[str, list[int]] = {t: [0, 0] for t in names}  # task -> [tries, successes]
     next_k = 0
     ex = ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn")) if workers > 0 else None
+    bar = Progress(episodes, "generate", "episode", enabled=progress)
     try:
         while len(meta) < episodes:
             if next_k >= max_attempts:
@@ -187,6 +193,8 @@ def generate(
                 idx = writer.add_episode(data, task=ep["prompt"])
                 meta.append({"episode_index": idx, "task": ep["task"], "seed": ep["seed"],
                              "prompt": ep["prompt"], "length": ep["length"]})  # fmt: skip
+                tries = sum(n for n, _ in attempts.values())
+                bar.update(1, expert_success=f"{len(meta) / tries:.0%}")
                 if len(meta) == episodes:
                     break
         root = writer.finalize()
@@ -194,6 +202,7 @@ def generate(
         writer.abort()
         raise
     finally:
+        bar.close()
         if ex:
             ex.shutdown(cancel_futures=True)
     rates = {t: (s / n if n else None) for t, (n, s) in attempts.items()}

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -52,7 +53,8 @@ class RunLogger:
                 if isinstance(v, int | float):
                     self.tb.add_scalar(f"{prefix}/{k}", v, step)
 
-    def progress(self, step: int, m: dict[str, Any]) -> None:
+    def progress(self, step: int, m: dict[str, Any], write: Callable[[str], None] | None = None) -> None:
+        """Print the metrics line; ``write``: print through it instead (a live progress bar's)."""
         if not self.enabled:
             return
         elapsed = time.perf_counter() - self.t0
@@ -67,7 +69,9 @@ class RunLogger:
         parts = [f"{k.removesuffix('_loss')} {v:.4f}" for k, v in sorted(m.items()) if k.endswith("_loss")]
         if parts:  # the model's loss terms, e.g. "flow 0.41 grounding 0.05"
             line += " (" + ", ".join(parts) + ")"
-        if self.tty:
+        if write is not None:
+            write(line)
+        elif self.tty:
             print("\r" + line, end="\n" if step >= self.total else "", flush=True)
         else:
             print(line, flush=True)

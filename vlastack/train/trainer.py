@@ -25,12 +25,13 @@ from torch.utils.data import default_collate
 from vlastack.batch import Batch, to_device, validate_batch
 from vlastack.config import Config, save_yaml
 from vlastack.data.check import check_training_data
+from vlastack.data.loader import MemoryDataset, ResumableBatchSampler, training_batches
 from vlastack.diagnostics.memory import peak_memory_mb
 from vlastack.fileio import load_safetensors
 from vlastack.models.vla import VLA, build_model
 from vlastack.nn.lora import apply_lora, lora_state_dict, remove_lora
+from vlastack.progress import Progress
 from vlastack.train import checkpoint as ck
-from vlastack.train.data import MemoryDataset, ResumableBatchSampler, batch_iterator
 from vlastack.train.logs import RunLogger, plot_loss
 from vlastack.train.optim import EMA, WarmupCosine, build_optimizer, freeze_parts
 from vlastack.train.parallel import (
@@ -41,7 +42,7 @@ from vlastack.train.parallel import (
     init_distributed,
 )
 from vlastack.train.state import load_state, rng_state, save_state, set_rng_state
-from vlastack.train.step import make_scaler, train_step
+from vlastack.train.step import StepResult, make_scaler, train_step
 
 
 class TrainingDiverged(RuntimeError):
@@ -63,6 +64,41 @@ def check_dataset_fits(dataset, cfg: Config) -> list[str]:
             f"cameras {missing} of model.camera_names are not in the dataset (fed as masked zeros)"
         )
     return warnings
+
+
+class StepMeter:
+    """Sums of per-step figures between two log lines; ``flush`` returns their means and resets."""
+
+    def __init__(self) -> None:
+        self.acc: dict[str, float] = {}
+        self.reset()
+
+    def reset(self) -> None:
+        self.acc = {"loss": 0.0, "grad_norm": 0.0, "n": 0, "wait": 0.0, "time": 0.0, "samples": 0}
+
+    def add(self, res: StepResult, wait: float, elapsed: float, samples: int) -> None:
+        a = self.acc
+        a["wait"] += wait
+        a["time"] += elapsed
+        a["samples"] += samples
+        if res.ok:  # bad steps are counted apart, not averaged in
+            a["loss"] += res.loss
+            a["grad_norm"] += res.grad_norm
+            a["n"] += 1
+            for k, v in res.parts.items():
+                a[k] = a.get(k, 0.0) + v
+
+    def flush(self) -> dict[str, float]:
+        a, n = self.acc, max(1, self.acc["n"])
+        m = {
+            "loss": a["loss"] / n if a["n"] else float("nan"),
+            "grad_norm": a["grad_norm"] / n if a["n"] else float("nan"),
+            "samples_per_s": a["samples"] / max(a["time"], 1e-9),
+            "data_wait": a["wait"] / max(a["time"], 1e-9),
+        }
+        m.update({k: v / n for k, v in a.items() if k.endswith("_loss") and a["n"]})
+        self.reset()
+        return m
 
 
 class Trainer:
@@ -145,6 +181,7 @@ class Trainer:
         if resume:
             self._resume()
         self.logger = RunLogger(self.run_dir, t.steps, self.step, enabled=self.is_main and verbose)
+        self.bar: Progress | None = None  # the live progress bar while ``fit`` runs
         if self.is_main and verbose:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             save_yaml(cfg, self.run_dir / "config.yaml")
@@ -292,9 +329,8 @@ class Trainer:
         sampler = ResumableBatchSampler(
             len(self.dataset), t.batch_size, t.seed, self.dist.rank, self.dist.world_size, self.position
         )
-        nw = 0 if isinstance(self.dataset, MemoryDataset) else d.num_workers
         pin = d.pin_memory and self.device.type == "cuda"
-        return batch_iterator(self.dataset, sampler, nw, d.prefetch_factor, pin)
+        return training_batches(self.dataset, sampler, self.cfg, pin)
 
     def _augment(self, batch: Batch) -> Batch:
         d = self.cfg.data
@@ -316,86 +352,115 @@ class Trainer:
         end = min(t.steps, stop_after) if stop_after else t.steps
         it = self.batches()
         self.wrapped.train()
-        acc = {"loss": 0.0, "grad_norm": 0.0, "n": 0, "wait": 0.0, "time": 0.0, "samples": 0}
-        t_start, last_ckpt, losses = time.perf_counter(), None, []
+        meter, losses = StepMeter(), []
+        t_start = time.perf_counter()
+        with Progress(t.steps, "train", "step", initial=self.step, enabled=self.logger.enabled) as bar:
+            self.bar = bar
+            try:
+                last_ckpt = self._loop(it, end, meter, losses)
+            finally:
+                self.bar = None
+        return self._finish(last_ckpt, losses, t_start)
+
+    def _loop(self, it, end: int, meter: StepMeter, losses: list[float]) -> Path | None:
+        """Steps until ``end``: batches, optimizer step, health check, metrics, checkpoints."""
+        t, last_ckpt = self.cfg.train, None
         for w in self.warnings:
-            self.logger.message(f"warning: {w}")
+            self._message(f"warning: {w}")
         while self.step < end:
             t0 = time.perf_counter()
-            micro = []
-            for _ in range(t.grad_accum):
-                micro.append(to_device(self._augment(next(it)), self.device))
-                self.position += 1
+            micro = self._next_micro_batches(it)
             t1 = time.perf_counter()
-            res = train_step(
-                self.wrapped,
-                self.optimizer,
-                micro,
-                device_type=self.device.type,
-                precision=t.precision,
-                scaler=self.scaler,
-                grad_clip=t.grad_clip,
-            )
-            if t.anomaly_guard and not res.ok and not res.scaled_skip:
-                from vlastack.diagnostics.numerics import anomaly_stop
-
-                anomaly_stop(self, micro, res)  # raises AnomalyDetected; the last good checkpoint stays
-            lr = self.optimizer.param_groups[0]["lr"]
-            with warnings.catch_warnings():  # a skipped (bad) step leaves optimizer.step uncalled
-                warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step")
-                self.scheduler.step()
-            self.step += 1
+            res, lr = self._optimizer_step(micro)
             losses.append(res.loss)
-            if res.ok and self.ema is not None:
-                self.ema.update(self.model)
-            if not res.ok and not res.scaled_skip:
-                self.bad_in_row += 1
-                self.bad_total += 1
-                self.logger.message(
-                    f"warning: step {self.step}: non-finite loss/gradient (loss {res.loss}, grad norm "
-                    f"{res.grad_norm}); update skipped ({self.bad_in_row} in a row, {self.bad_total} total)"
-                )
-                if self.bad_in_row >= t.max_bad_steps:
-                    raise TrainingDiverged(
-                        f"training stopped at step {self.step}: {self.bad_in_row} consecutive steps had a "
-                        f"NaN/inf loss or gradient (train.max_bad_steps={t.max_bad_steps}). Lower train.lr, "
-                        f"use train.precision=bf16 or fp32, check the data for NaNs, or resume from an earlier checkpoint."
-                    )
-            else:
-                self.bad_in_row = 0
-            t2 = time.perf_counter()
-            acc["wait"] += t1 - t0
-            acc["time"] += t2 - t0
-            acc["samples"] += t.batch_size * t.grad_accum * self.dist.world_size
-            if res.ok:
-                acc["loss"] += res.loss
-                acc["grad_norm"] += res.grad_norm
-                acc["n"] += 1
-                for k, v in res.parts.items():
-                    acc[k] = acc.get(k, 0.0) + v
+            self._check_health(res)
+            samples = t.batch_size * t.grad_accum * self.dist.world_size
+            meter.add(res, wait=t1 - t0, elapsed=time.perf_counter() - t0, samples=samples)
+            self.bar.update(1, loss=f"{res.loss:.4f}", lr=f"{lr:.1e}")
             if self.step % t.log_every == 0 or self.step == t.steps:
-                n = max(1, acc["n"])
-                m = {
-                    "loss": acc["loss"] / n if acc["n"] else float("nan"),
-                    "grad_norm": acc["grad_norm"] / n if acc["n"] else float("nan"),
-                    "lr": lr,
-                    "samples_per_s": acc["samples"] / max(acc["time"], 1e-9),
-                    "data_wait": acc["wait"] / max(acc["time"], 1e-9),
-                    "peak_mem_mb": peak_memory_mb(self.device),
-                    "bad_steps": self.bad_total,
-                }
-                m.update({k: v / n for k, v in acc.items() if k.endswith("_loss") and acc["n"]})
-                if self.scaler is not None:
-                    m["loss_scale"] = self.scaler.get_scale()
-                self.logger.log(self.step, m)
-                self.logger.progress(self.step, m)
-                acc = dict.fromkeys(acc, 0.0)
-                acc["n"] = 0
-            evaluate_now = t.eval_every > 0 and self.step % t.eval_every == 0
-            if self.step % t.save_every == 0 or self.step == end or evaluate_now:
-                last_ckpt = self.save()
-            if evaluate_now:
-                self.evaluate(last_ckpt)
+                self._log_metrics(meter.flush(), lr)
+            last_ckpt = self._checkpoint_if_due(end) or last_ckpt
+        return last_ckpt
+
+    def _message(self, text: str) -> None:
+        if self.bar is not None:
+            self.bar.write(text)  # the bar is live only where the logger prints
+        else:
+            self.logger.message(text)
+
+    def _next_micro_batches(self, it) -> list[Batch]:
+        """``train.grad_accum`` augmented batches on the device; advances the data position."""
+        micro = []
+        for _ in range(self.cfg.train.grad_accum):
+            micro.append(to_device(self._augment(next(it)), self.device))
+            self.position += 1
+        return micro
+
+    def _optimizer_step(self, micro: list[Batch]):
+        """One optimizer step, the LR schedule's step and the EMA update; returns (result, lr used)."""
+        t = self.cfg.train
+        res = train_step(
+            self.wrapped,
+            self.optimizer,
+            micro,
+            device_type=self.device.type,
+            precision=t.precision,
+            scaler=self.scaler,
+            grad_clip=t.grad_clip,
+        )
+        if t.anomaly_guard and not res.ok and not res.scaled_skip:
+            from vlastack.diagnostics.numerics import anomaly_stop
+
+            anomaly_stop(self, micro, res)  # raises AnomalyDetected; the last good checkpoint stays
+        lr = self.optimizer.param_groups[0]["lr"]
+        with warnings.catch_warnings():  # a skipped (bad) step leaves optimizer.step uncalled
+            warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step")
+            self.scheduler.step()
+        self.step += 1
+        if res.ok and self.ema is not None:
+            self.ema.update(self.model)
+        return res, lr
+
+    def _check_health(self, res: StepResult) -> None:
+        """Count non-finite steps; raise ``TrainingDiverged`` after ``train.max_bad_steps`` in a row."""
+        t = self.cfg.train
+        if res.ok or res.scaled_skip:
+            self.bad_in_row = 0
+            return
+        self.bad_in_row += 1
+        self.bad_total += 1
+        self._message(
+            f"warning: step {self.step}: non-finite loss/gradient (loss {res.loss}, grad norm "
+            f"{res.grad_norm}); update skipped ({self.bad_in_row} in a row, {self.bad_total} total)"
+        )
+        if self.bad_in_row >= t.max_bad_steps:
+            raise TrainingDiverged(
+                f"training stopped at step {self.step}: {self.bad_in_row} consecutive steps had a "
+                f"NaN/inf loss or gradient (train.max_bad_steps={t.max_bad_steps}). Lower train.lr, "
+                f"use train.precision=bf16 or fp32, check the data for NaNs, or resume from an earlier checkpoint."
+            )
+
+    def _log_metrics(self, m: dict, lr: float) -> None:
+        """metrics.jsonl/TensorBoard record and the printed metrics line for the last interval."""
+        m = {**m, "lr": lr, "peak_mem_mb": peak_memory_mb(self.device), "bad_steps": self.bad_total}
+        if self.scaler is not None:
+            m["loss_scale"] = self.scaler.get_scale()
+        self.logger.log(self.step, m)
+        self.logger.progress(self.step, m, write=self.bar.write if self.bar is not None else None)
+
+    def _checkpoint_if_due(self, end: int) -> Path | None:
+        """Save at ``train.save_every``, at ``end`` and before each evaluation; evaluate when due."""
+        t = self.cfg.train
+        evaluate_now = t.eval_every > 0 and self.step % t.eval_every == 0
+        ckpt = None
+        if self.step % t.save_every == 0 or self.step == end or evaluate_now:
+            ckpt = self.save()
+        if evaluate_now:
+            self.evaluate(ckpt)
+        return ckpt
+
+    def _finish(self, last_ckpt: Path | None, losses: list[float], t_start: float) -> dict:
+        """Export the final policy folder and write train_summary.json; returns the summary."""
         if last_ckpt is None:  # resumed at the end: nothing new to save
             last_ckpt = ck.latest_checkpoint(self.run_dir)
         final = None

@@ -3,7 +3,9 @@
     vla demo [--out runs/demo] [overrides]     # ~13 minutes on 2 CPU cores
 
 Steps: (1) the scripted expert writes a LeRobot v3 dataset of the built-in suite (seeds from 0);
-(2) the ``tiny`` preset with the recipe below trains on it; (3) the final policy is evaluated on
+(2) the ``tiny`` preset with the demo recipe trains on it: vlastack/configs/demo.yaml (bf16
+autocast) where a start-up micro-benchmark finds bf16 matmuls clearly faster than fp32 (CPUs with
+avx512_bf16/AMX, GPUs), else with demo_fp32.yaml on top; ``train.precision=...`` overrides; (3) the final policy is evaluated on
 ``eval.episodes`` episodes with seeds from ``eval.seed`` (1,000,000: never used for data), beside
 the random policy and the scripted expert, and twice more with its camera images blanked and
 with its instruction replaced, to show that it uses vision and language; (4) the report folder
@@ -22,41 +24,18 @@ from typing import Any
 import numpy as np
 import yaml
 
-from vlastack.config import Config, from_dict, load_config, save_yaml
-
-# The demo recipe on top of ``tiny`` (configs/demo.yaml holds the same values for `vla train`).
-RECIPE: dict[str, Any] = yaml.safe_load(
-    """
-model:
-  action_horizon: 8
-  num_denoise_steps: 5
-  noise_scale: 0.0
-  grounding:
-    points: 2
-    weight: 2.0
-    attend_weight: 0.1
-train:
-  steps: 3400
-  precision: bf16
-  batch_size: 32
-  lr: 1.0e-3
-  warmup_steps: 100
-  min_lr_ratio: 0.3
-  ema_decay: 0.995
-  preload: true
-  num_threads: 2
-  log_every: 200
-  save_every: 2000
-  keep_last: 1
-data:
-  num_workers: 2
-  random_crop_scale: 1.0
-eval:
-  episodes: 100
-  steps_per_chunk: 1
-  videos: 4
-"""
+from vlastack.config import (
+    Config,
+    apply_overrides,
+    from_dict,
+    load_config,
+    load_yaml,
+    packaged_yaml,
+    parse_override,
+    save_yaml,
 )
+from vlastack.train.precision import choose_precision, matmul_shapes
+
 DEMO_EPISODES = 2000
 # DART-style noise on executed expert actions, so demos include small recoveries. Not more: with
 # perfect perception an MLP imitates these experts 100% at 0.1 but 26% at 0.3, where the noise
@@ -67,15 +46,52 @@ REPLACED_PROMPT = "do the task"
 QUICK = ["train.steps=60", "train.log_every=10", "train.save_every=60", "eval.episodes=20"]
 
 
-def demo_config(preset: str = "tiny", config: str | None = None, overrides: list[str] | tuple = ()) -> Config:
-    base = from_dict(RECIPE, base=load_config(preset))
+def recipe(precision: str = "bf16") -> dict[str, Any]:
+    """The demo recipe as a dict: vlastack/configs/demo.yaml, with demo_fp32.yaml on top for fp32."""
+    data = yaml.safe_load(packaged_yaml("demo"))
+    if precision != "bf16":
+        for section, values in yaml.safe_load(packaged_yaml(f"demo_{precision}") or "{}").items():
+            data.setdefault(section, {}).update(values)
+    return data
+
+
+def demo_config(
+    preset: str = "tiny",
+    config: str | None = None,
+    overrides: list[str] | tuple = (),
+    precision: str = "bf16",
+) -> Config:
+    """``preset`` + the demo recipe for ``precision`` + the user's YAML + dotted overrides."""
+    base = from_dict(recipe(precision), base=load_config(preset))
     if config:
-        from vlastack.config import load_yaml
-
         base = load_yaml(config, base=base)
-    from vlastack.config import apply_overrides
-
     return apply_overrides(base, list(overrides))
+
+
+def explicit_precision(config: str | None, overrides: list[str] | tuple) -> str | None:
+    """The ``train.precision`` the user set (the last override, else their YAML), or None."""
+    for o in reversed(list(overrides)):
+        key, value = parse_override(o)
+        if key == ["train", "precision"]:
+            return str(value)
+    if config:
+        p = Path(config)
+        text = p.read_text() if p.exists() else (packaged_yaml(config) or "")
+        return ((yaml.safe_load(text) or {}).get("train") or {}).get("precision")
+    return None
+
+
+def pick_precision(
+    preset: str, config: str | None, overrides: list[str] | tuple, device_type: str, timer=None
+) -> tuple[str, str]:
+    """(precision, one-line reason): the user's ``train.precision`` when given, else measured."""
+    given = explicit_precision(config, overrides)
+    if given is not None:
+        return given, f"{given}: train.precision={given} was given"
+    cfg = demo_config(preset, config, overrides)
+    shapes = matmul_shapes(cfg.model, cfg.train.batch_size)
+    choice = choose_precision(shapes, device_type, timer=timer)
+    return choice.precision, choice.reason
 
 
 class AblatedPolicy:
@@ -102,13 +118,6 @@ def ablated(path: str, mode: str) -> AblatedPolicy:
     return AblatedPolicy(path, mode)
 
 
-def _native_cpu_bf16() -> bool:
-    import torch
-
-    check = getattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", None)
-    return bool(check()) if check is not None else False
-
-
 def _log(msg: str, t0: float) -> None:
     print(f"[demo {time.perf_counter() - t0:6.0f}s] {msg}", flush=True)
 
@@ -132,17 +141,16 @@ def run_demo(
 
     t0 = time.perf_counter()
     out = Path(out)
-    cfg = demo_config(preset, config, [*(QUICK if quick else []), *overrides])
+    overrides = [*(QUICK if quick else []), *overrides]
     if eval_episodes:
-        cfg = demo_config(
-            preset, config, [*(QUICK if quick else []), *overrides, f"eval.episodes={eval_episodes}"]
-        )
+        overrides.append(f"eval.episodes={eval_episodes}")
+    torch.set_num_threads(2)
+    device_type = "cuda" if torch.cuda.is_available() else "cpu"
+    precision, why = pick_precision(preset, config, overrides, device_type)
+    cfg = demo_config(preset, config, overrides, precision=precision)
+    timings: dict[str, float] = {"choose_precision_s": time.perf_counter() - t0}
+    _log(f"precision {cfg.train.precision}, {cfg.train.steps} steps: {why}", t0)
     episodes = episodes or (40 if quick else DEMO_EPISODES)
-    if cfg.train.precision == "bf16" and not torch.cuda.is_available() and not _native_cpu_bf16():
-        _log("note: this CPU has no native bf16 (avx512_bf16/AMX), so the recipe's bf16 steps run "
-             "slower than fp32 here; `vla demo train.precision=fp32 train.steps=2900` is the fp32 "
-             "recipe (see README, Demo results)", t0)  # fmt: skip
-    timings: dict[str, float] = {}
 
     _log(f"1/4 generating {episodes} expert demonstrations of the {cfg.eval.suite} suite", t0)
     data = out / "data"
@@ -151,11 +159,10 @@ def run_demo(
         cameras=cfg.model.camera_names, noise=DATA_NOISE, seed=0, overwrite=True,
         video_quality=VIDEO_QUALITY,
     )  # fmt: skip
-    timings["generate_s"] = time.perf_counter() - t0
+    timings["generate_s"] = time.perf_counter() - t0 - timings["choose_precision_s"]
 
     _log(f"2/4 training tiny for {cfg.train.steps} steps ({gen['frames']} frames)", t0)
     t1 = time.perf_counter()
-    torch.set_num_threads(2)
     run = out / "run"
     shutil.rmtree(run, ignore_errors=True)
     summary = Trainer(cfg, data_path=data, run_dir=run).fit()
@@ -189,6 +196,7 @@ def run_demo(
 
     _log("4/4 writing the report", t0)
     write_report(report, cfg, run, results, timings, gen, summary)
+    write_html(report, cfg, run, results, timings, gen, summary, why)
     _log(f"done in {timings['total_s'] / 60:.1f} min", t0)
     return report
 
@@ -233,7 +241,8 @@ def write_report(
         "",
         "Wall time: " + ", ".join(f"{k[:-2]} {v:.0f}s" for k, v in timings.items()),
         "",
-        "Files: `config.yaml`, `loss_curve.png`, `eval/eval.json`, `eval/eval.png`, `eval/videos/*.mp4`.",
+        "Files: `report.html` (all of this in one page), `config.yaml`, `loss_curve.png`, `eval/eval.json`, "
+        "`eval/eval.png`, `eval/videos/*.mp4`.",
     ]
     (report / "report.md").write_text("\n".join(lines) + "\n")
     compact = {
@@ -247,6 +256,31 @@ def write_report(
             indent=2,
         )
     )
+
+
+def write_html(
+    report: Path, cfg: Config, run: Path, results: dict, timings: dict, gen: dict, summary: dict, why: str
+) -> Path:
+    """report.html: loss and LR curves, success per task for every evaluated policy, rollouts of
+    the trained policy (successes and failures), the timings and the resolved config."""
+    from vlastack.diagnostics.run_report import html_report, read_jsonl
+
+    trained = results["trained"]
+    cards = {
+        "trained policy: mean task success": f"{trained['mean_task_success']:.0%}",
+        "random policy": f"{results['random']['mean_task_success']:.0%}" if "random" in results else "-",
+        "training steps": f"{summary['steps']} ({cfg.train.precision})",
+        "total wall time": f"{timings['total_s'] / 60:.1f} min",
+    }
+    intro = (
+        f"tiny preset + demo recipe on {gen['episodes']} expert episodes ({gen['frames']} frames); "
+        f"{trained['overall']['n']} evaluation episodes per policy on unseen seeds. Precision {why}"
+    )
+    return html_report(
+        report / "report.html", "vlastack demo", intro=intro, cards=cards,
+        metrics=read_jsonl(run / "metrics.jsonl"), evals=results, videos=trained.get("videos", []),
+        config=cfg, timings=timings,
+    )  # fmt: skip
 
 
 def summary_no_losses(summary: dict) -> dict:
