@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 
 from vlastack.config import Config, DataConfig, EvalConfig, NormConfig, TrainConfig, save_yaml
+from vlastack.fileio import read_json
 from vlastack.infer.preprocess import ACTION_KEY, PIPELINE_FILE, STATE_KEY, ExactNormalizer, Pipeline
 from vlastack.models.convert.lerobot import detect_format, hf_snapshot, load_checkpoint, resolve_checkpoint
 from vlastack.models.tokenizer import SentencePieceTokenizer
@@ -42,7 +43,7 @@ def tokenizer_name(folder: Path) -> str:
     """The tokenizer LeRobot's preprocessor names (``tokenizer_processor.tokenizer_name``)."""
     pre = folder / "policy_preprocessor.json"
     if pre.exists():
-        for step in json.loads(pre.read_text()).get("steps", []):
+        for step in read_json(pre).get("steps", []):
             name = step.get("config", {}).get("tokenizer_name")
             if name:
                 return name

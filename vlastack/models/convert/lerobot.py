@@ -20,7 +20,6 @@ Loading is strict: a missing, unexpected or mis-shaped tensor is an error listin
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from concurrent.futures import ThreadPoolExecutor
@@ -37,6 +36,7 @@ from vlastack.config import (
     VisionConfig,
     apply_overrides,
 )
+from vlastack.fileio import read_json
 from vlastack.models.convert.safetensors_io import TensorInfo, read_folder_header, read_tensor
 
 # openpi gemma.py variants: what the tensors cannot tell (heads) plus defaults for the rest.
@@ -165,7 +165,7 @@ def detect_format(folder: str | Path) -> str:
     cfg_file = folder / "config.json"
     if not cfg_file.exists():
         raise ValueError(f"{folder}: missing config.json (not a vlastack, LeRobot or openpi checkpoint)")
-    cfg = json.loads(cfg_file.read_text())
+    cfg = read_json(cfg_file)
     if "model" in cfg and isinstance(cfg["model"], dict):
         return "vlastack"
     if cfg.get("type") in ("pi0", "pi05"):
@@ -226,7 +226,7 @@ def config_from_checkpoint(
     """-> (our model config, "pi0" | "pi05", the checkpoint's config.json)."""
     folder = Path(folder)
     header = header if header is not None else read_folder_header(folder)
-    meta = json.loads((folder / "config.json").read_text())
+    meta = read_json(folder / "config.json")
     kind = checkpoint_kind(header)
     vlm_var = GEMMA_VARIANTS.get(meta.get("paligemma_variant", "gemma_2b"))
     exp_var = GEMMA_VARIANTS.get(meta.get("action_expert_variant", "gemma_300m"))
