@@ -11,7 +11,7 @@ The expert is Meta-World's official scripted policy for the task (``metaworld.po
 the fully observable state vector; episodes terminate on Meta-World's ``success`` flag.
 
 Meta-World 3.1 pins ``mujoco==3.3.0`` while vlastack runs on mujoco 4, so install it in its own
-environment: ``pip install -e '.[metaworld]'`` in a fresh venv (see README).
+environment: ``pip install -e '.[metaworld]'`` in a fresh venv (see docs/sim.md).
 """
 
 from __future__ import annotations
