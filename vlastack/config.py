@@ -205,9 +205,14 @@ class GroundingConfig:
         return 3 * self.points
 
 
-# The names of the action heads in ``vlastack.models.heads.HEADS`` (checked there), listed here so a
-# config is validated before any model code is imported.
-HEAD_NAMES = ("flow", "tokens")
+# The action-head registry: ``model.head`` name -> "module:Class". Adding a head is its own file plus
+# one line here. Kept as strings in the config so ``model.head`` is validated before any model code
+# (torch modules) is imported; ``vlastack.models.heads.HEADS`` resolves them.
+HEAD_REGISTRY = {
+    "flow": "vlastack.models.heads.flow:FlowHead",
+    "tokens": "vlastack.models.heads.tokens:TokenHead",
+}
+HEAD_NAMES = tuple(HEAD_REGISTRY)
 
 
 @dataclass(frozen=True)

@@ -23,6 +23,7 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler, IterableDa
 
 from vlastack.batch import Batch, to_device
 from vlastack.config import Config
+from vlastack.progress import Progress
 
 
 def seed_worker(worker_id: int) -> None:
@@ -70,7 +71,9 @@ class MemoryDataset(Dataset):
     decoding from the training loop entirely.
     """
 
-    def __init__(self, dataset: Dataset, num_workers: int = 0, batch_size: int = 256) -> None:
+    def __init__(
+        self, dataset: Dataset, num_workers: int = 0, batch_size: int = 256, progress: bool = True
+    ) -> None:
         # spawn, not fork: a dataset that already opened video decoders in this process can
         # deadlock in forked workers.
         ctx = "spawn" if num_workers > 0 else None
@@ -82,9 +85,12 @@ class MemoryDataset(Dataset):
             multiprocessing_context=ctx,
         )
         parts: dict[str, list[torch.Tensor]] = {}
-        for b in loader:
-            for k, v in b.items():
-                parts.setdefault(k, []).append(v)
+        # Decoding the demo's 30k frames takes about a minute: never a silent minute.
+        with Progress(len(dataset), "preload", "frame", enabled=progress) as bar:
+            for b in loader:
+                for k, v in b.items():
+                    parts.setdefault(k, []).append(v)
+                bar.update(len(next(iter(b.values()))))
         if not parts:
             raise ValueError("cannot preload an empty dataset")
         self.data = {k: torch.cat(v) for k, v in parts.items()}

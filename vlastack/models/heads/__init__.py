@@ -9,17 +9,22 @@ Adding a head: docs/adding-a-head.md.
 
 from __future__ import annotations
 
-from vlastack.config import HEAD_NAMES, ModelConfig
+import importlib
+
+from vlastack.config import HEAD_REGISTRY, ModelConfig
 from vlastack.models.heads.base import ActionHead, ActionOutput, HeadBase
 from vlastack.models.heads.flow import FlowHead
 from vlastack.models.heads.grounding import GroundedFlowHead
 from vlastack.models.heads.tokens import TokenHead
 
-HEADS: dict[str, type[ActionHead]] = {
-    "flow": FlowHead,
-    "tokens": TokenHead,
-}
-assert set(HEADS) == set(HEAD_NAMES), "config.HEAD_NAMES must list the keys of HEADS"
+
+def _resolve(path: str) -> type[ActionHead]:
+    module, _, name = path.partition(":")
+    return getattr(importlib.import_module(module), name)
+
+
+# The registry lives in config.HEAD_REGISTRY (one line per head); here its names become classes.
+HEADS: dict[str, type[ActionHead]] = {name: _resolve(path) for name, path in HEAD_REGISTRY.items()}
 
 __all__ = ["HEADS", "ActionHead", "ActionOutput", "FlowHead", "GroundedFlowHead", "HeadBase", "TokenHead"]
 
