@@ -257,7 +257,7 @@ def main() -> None:
         "import",
         {
             "date": datetime.now(UTC).isoformat(timespec="seconds"),
-            "machine_note": "shared 2-core CPU VM (other jobs running), 24 GB RAM; timings are noisy",
+            "machine_note": "2-core CPU VM, 24 GB RAM; other jobs on the machine make timings noisy (say so when re-running)",
             "lscpu": cpu_flags(),
             "targets": {"load_s": 20, "rss_over_weights": 1.3},
             "dtype_note": "bf16 = LeRobot's dtype='bfloat16' layout (vision, projector, norms fp32); the "
