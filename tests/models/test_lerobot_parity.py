@@ -280,3 +280,26 @@ def test_export_lerobot_reproduces_our_actions_in_lerobot(kind, tmp_path):
         assert torch.equal(v, back.model.state_dict()[k]), k
     again = Policy.from_pretrained(tmp_path / "exported", overrides=tuple(meta["overrides"]))
     assert np.abs(again.infer_checked(_obs(io, meta), noise=io["noise"]) - got).max() <= 1e-6
+
+
+def test_imported_checkpoint_is_served_to_the_openpi_client(tmp_path):
+    """`vla import` output behind `vla serve`'s server, queried by the real openpi client."""
+    from openpi_client.websocket_client_policy import WebsocketClientPolicy
+
+    from vlastack.infer.server import PolicyServer, ServerThread
+
+    kind = "pi05" if _available("pi05") else "pi0"
+    folder, meta, _ = _load(kind)
+    out = import_checkpoint(folder, tmp_path / "imported", meta["overrides"])
+    srv = PolicyServer(Policy.from_pretrained(out, seed=0), port=0)
+    with ServerThread(srv) as s:
+        client = WebsocketClientPolicy("127.0.0.1", s.port)
+        assert client.get_server_metadata()["camera_names"] == ["base_0_rgb", "left_wrist_0_rgb"]
+        state_dim = json.loads((folder / "config.json").read_text())["input_features"]["observation.state"]
+        obs = {
+            "images": {"base_0_rgb": np.full((24, 40, 3), 128, np.uint8)},  # the wrist camera absent
+            "state": np.zeros(state_dim["shape"][0], np.float32),
+            "prompt": "pick up the cube",
+        }
+        actions = client.infer(obs)["actions"]
+    assert actions.dtype == np.float32 and actions.ndim == 2 and np.isfinite(actions).all()
