@@ -263,7 +263,8 @@ def write_html(
 ) -> Path:
     """report.html: loss and LR curves, success per task for every evaluated policy, rollouts of
     the trained policy (successes and failures), the timings and the resolved config."""
-    from vlastack.diagnostics.run_report import html_report, read_jsonl
+    from vlastack.diagnostics.run_report import html_report
+    from vlastack.train.logs import read_metrics
 
     trained = results["trained"]
     cards = {
@@ -278,7 +279,7 @@ def write_html(
     )
     return html_report(
         report / "report.html", "vlastack demo", intro=intro, cards=cards,
-        metrics=read_jsonl(run / "metrics.jsonl"), evals=results, videos=trained.get("videos", []),
+        metrics=read_metrics(run / "metrics.jsonl"), evals=results, videos=trained.get("videos", []),
         config=cfg, timings=timings,
     )  # fmt: skip
 

@@ -15,12 +15,12 @@ from __future__ import annotations
 import base64
 import html
 import io
-import json
 import re
 from pathlib import Path
 from typing import Any
 
 from vlastack.config import Config, to_dict
+from vlastack.fileio import read_json, read_yaml
 
 MAX_VIDEOS = 4
 MAX_VIDEO_BYTES = 1_500_000
@@ -229,11 +229,6 @@ def html_report(
     return path
 
 
-def read_jsonl(path: str | Path) -> list[dict]:
-    p = Path(path)
-    return [json.loads(ln) for ln in p.read_text().splitlines() if ln.strip()] if p.exists() else []
-
-
 def eval_report(out_dir: str | Path, res: dict[str, Any], config: Config | dict | None = None) -> Path:
     """``report.html`` beside ``eval.json`` of one ``vla eval`` run."""
     out_dir = Path(out_dir)
@@ -253,18 +248,18 @@ def eval_report(out_dir: str | Path, res: dict[str, Any], config: Config | dict 
 def run_report(run_dir: str | Path) -> Path:
     """``report.html`` of a ``vla train`` run folder: metrics.jsonl, train_summary.json, config.yaml
     and the latest ``eval/step_*/eval.json`` (with its videos) when ``train.eval_every`` was set."""
-    import yaml
+    from vlastack.train.logs import read_metrics  # torn last line tolerated, bad lines named
 
     run_dir = Path(run_dir)
-    metrics = read_jsonl(run_dir / "metrics.jsonl")
+    metrics = read_metrics(run_dir / "metrics.jsonl")
     summary_path = run_dir / "train_summary.json"
-    summary = json.loads(summary_path.read_text()) if summary_path.exists() else {}
+    summary = read_json(summary_path) if summary_path.exists() else {}
     cfg_path = run_dir / "config.yaml"
-    config = yaml.safe_load(cfg_path.read_text()) if cfg_path.exists() else None
+    config = read_yaml(cfg_path) if cfg_path.exists() else None
     evals, videos = {}, []
     latest = sorted((run_dir / "eval").glob("*/eval.json"))
     if latest:
-        res = json.loads(latest[-1].read_text())
+        res = read_json(latest[-1])
         evals[f"{res['policy']} ({latest[-1].parent.name})"] = res
         videos = res.get("videos", [])
     last = next((r for r in reversed(metrics) if "train/loss" in r), {})

@@ -32,6 +32,7 @@ import torch
 import torch.nn.functional as F
 
 from vlastack.batch import Batch
+from vlastack.fileio import read_json
 
 STATE_KEY, ACTION_KEY = "observation.state", "action"
 PIPELINE_FILE = "lerobot_pipeline.json"
@@ -149,6 +150,16 @@ def pad_ids(ids: list[int], max_len: int) -> tuple[np.ndarray, np.ndarray]:
     return out, mask
 
 
+def _model_fields(model_cfg) -> dict:
+    """The ``Pipeline`` fields every checkpoint layout takes from the model config."""
+    return {
+        "camera_names": tuple(model_cfg.camera_names),
+        "image_size": model_cfg.vision.image_size,
+        "max_text_len": model_cfg.max_text_len,
+        "model_state_dim": model_cfg.state_dim,
+    }
+
+
 @dataclass
 class Pipeline:
     """Everything between an observation and the model, for one LeRobot / openpi checkpoint."""
@@ -203,7 +214,7 @@ class Pipeline:
 
     @classmethod
     def load(cls, folder: str | Path) -> Pipeline:
-        d = json.loads((Path(folder) / PIPELINE_FILE).read_text())
+        d = read_json(Path(folder) / PIPELINE_FILE)
         d["camera_names"] = tuple(d["camera_names"])
         d["normalizer"] = ExactNormalizer.from_dict(d["normalizer"])
         return cls(**d)
@@ -220,7 +231,7 @@ class Pipeline:
             path = folder / name
             if not path.exists():
                 raise ValueError(f"{folder}: missing {name} (LeRobot's processor: norm stats, tokenizer)")
-            for step in json.loads(path.read_text())["steps"]:
+            for step in read_json(path)["steps"]:
                 reg, cfg = step.get("registry_name", ""), step.get("config", {})
                 if reg in ("relative_actions_processor", "absolute_actions_processor") and cfg.get("enabled"):
                     raise ValueError(f"{folder}: relative actions (use_relative_actions) are not supported")
@@ -242,10 +253,7 @@ class Pipeline:
             modes.setdefault(key, "identity")
         return cls(
             kind=kind,
-            camera_names=tuple(model_cfg.camera_names),
-            image_size=model_cfg.vision.image_size,
-            max_text_len=model_cfg.max_text_len,
-            model_state_dim=model_cfg.state_dim,
+            **_model_fields(model_cfg),
             normalizer=ExactNormalizer(modes, stats, "lerobot", eps),
             rename_map=rename,
         )
@@ -260,16 +268,13 @@ class Pipeline:
         if len(assets) != 1:
             found = [p.parent.name for p in assets]
             raise ValueError(f"{folder}: need exactly one assets/<id>/norm_stats.json, found {found}")
-        raw = json.loads(assets[0].read_text())
+        raw = read_json(assets[0])
         raw = raw.get("norm_stats", raw)
         mode = "quantiles" if kind == "pi05" else "mean_std"
         stats = {STATE_KEY: raw["state"], ACTION_KEY: raw["actions"]}
         return cls(
             kind=kind,
-            camera_names=tuple(model_cfg.camera_names),
-            image_size=model_cfg.vision.image_size,
-            max_text_len=model_cfg.max_text_len,
-            model_state_dim=model_cfg.state_dim,
+            **_model_fields(model_cfg),
             normalizer=ExactNormalizer({STATE_KEY: mode, ACTION_KEY: mode}, stats, "openpi"),
             style="openpi",
         )

@@ -15,6 +15,8 @@ from pathlib import Path
 
 import torch
 
+from vlastack.fileio import read_json
+
 DTYPES = {
     "F64": torch.float64,
     "F32": torch.float32,
@@ -68,7 +70,7 @@ def read_folder_header(folder: str | Path) -> dict[str, TensorInfo]:
     folder = Path(folder)
     index = folder / "model.safetensors.index.json"
     if index.exists():
-        files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        files = sorted(set(read_json(index)["weight_map"].values()))
     elif (folder / "model.safetensors").exists():
         files = ["model.safetensors"]
     else:
