@@ -60,6 +60,7 @@ class Policy:
         default_prompt: str = "",
         seed: int | None = None,
         preprocess: Any = None,
+        fast: bool = False,
     ) -> None:
         if dtype not in (None, "fp32", "bf16"):
             raise ValueError(f"dtype must be None, 'fp32' or 'bf16', got {dtype!r}")
@@ -92,10 +93,25 @@ class Policy:
         self.preprocess = preprocess  # e.g. infer.preprocess.Pipeline (LeRobot's exact pipeline)
         self._gen = torch.Generator(device=self.device)
         self._gen.manual_seed(int(seed) if seed is not None else int(torch.initial_seed()) % 2**62)
-        if compile:
+        self._fast = None
+        if fast:  # infer/fastpath.py: prepared weights, whole sampler in one CUDA graph
+            self._fast = self._make_fast(compile)
+        elif compile:
             # The per-step parts (flow: prefix pass + denoise step; tokens: the decode step), not
             # the unrolled sampler: a graph 1/N the size, so it compiles ~N times faster.
             model.head.compile_decoding()
+
+    def _make_fast(self, compile: bool) -> Any:
+        """``fast=True``: ``prepare_for_inference`` on this policy's model (in place; weights
+        stored in bf16 with ``dtype='bf16'``, else fp32) and a ``FastFlow`` sampler: on CUDA one
+        captured graph per batch size (prefix pass + all Euler steps), on CPU the same static
+        function without capture. ``compile`` compiles its prefix pass and step before capture."""
+        from vlastack.infer.fastpath import FastFlow, prepare_for_inference
+
+        if self.cfg.head != "flow":
+            raise ValueError(f"fast=True needs a flow head (pi0/pi05), got head={self.cfg.head!r}")
+        prepare_for_inference(self.model, torch.bfloat16 if self.bf16 else torch.float32)
+        return FastFlow(self.model, graph=True, compile=compile)
 
     @property
     def replan_steps(self) -> int:
@@ -206,8 +222,12 @@ class Policy:
             if noise is None:
                 shape = (b, c.action_horizon, c.action_dim)
                 noise = torch.randn(shape, generator=self._gen, device=self.device)
-            with torch.inference_mode(), self._autocast():
-                out, valid = self.model.sample(batch, noise=noise.to(self.device))
+            if self._fast is not None:  # weights already in their dtype: no autocast
+                with torch.inference_mode():
+                    out, valid = self._fast(batch, noise.to(self.device)), None
+            else:
+                with torch.inference_mode(), self._autocast():
+                    out, valid = self.model.sample(batch, noise=noise.to(self.device))
             # Token heads flag chunks whose tokens do not decode (e.g. a truncated FAST sequence).
             valid = None if valid is None else valid.cpu().numpy().astype(bool)
         actions = out.float()[:, :, : self.action_dim].cpu().numpy()

@@ -1,0 +1,220 @@
+"""Inference fast path (infer/fastpath.py): a prepared model (fused QKV and gate/up, norms folded,
+time branch precomputed) samples the same actions as the original, in fp32 on the CPU, through
+the same static function a CUDA graph captures; the GPU tests check graph == eager."""
+
+from __future__ import annotations
+
+import copy
+import time
+from dataclasses import replace
+
+import numpy as np
+import pytest
+import torch
+
+from vlastack.batch import dummy_batch
+from vlastack.config import load_config
+from vlastack.infer.fastpath import (
+    FusedAttentionProj,
+    StaticSampler,
+    UnitRMSNorm,
+    fast_velocity,
+    fuse_projections,
+    prepare_for_inference,
+)
+from vlastack.infer.policy import Policy
+from vlastack.models import build_model
+from vlastack.nn.lora import apply_lora
+from vlastack.nn.norms import AdaRMSNorm, LayerNorm, RMSNorm
+
+ATOL = 1e-5
+
+
+def _model(variant: str, **kw):
+    cfg = load_config("tiny", overrides=[f"model.variant={variant}"]).model
+    cfg = replace(cfg, num_denoise_steps=4, **kw)
+    torch.manual_seed(0)
+    m = build_model(cfg).eval()
+    with torch.no_grad():  # non-trivial norm scales and open adaptive norms (zero at init)
+        for mod in m.modules():
+            if isinstance(mod, RMSNorm | LayerNorm):
+                mod.weight.normal_(0, 0.3)
+            if isinstance(mod, LayerNorm):
+                mod.bias.normal_(0, 0.3)
+            if isinstance(mod, AdaRMSNorm):
+                mod.dense.weight.normal_(0, 0.05), mod.dense.bias.normal_(0, 0.5)
+    return m
+
+
+def _noise(cfg, b, seed=1):
+    return torch.randn(b, cfg.action_horizon, cfg.action_dim, generator=torch.Generator().manual_seed(seed))
+
+
+@pytest.fixture(scope="module", params=["pi0", "pi05"])
+def pair(request):
+    ref = _model(request.param)
+    fast = prepare_for_inference(copy.deepcopy(ref), torch.float32)
+    return ref, fast
+
+
+def test_prepared_modules(pair):
+    _, fast = pair
+    block = fast.decoder.layers[0].vlm
+    assert isinstance(block.self_attn, FusedAttentionProj) and isinstance(block.input_layernorm, UnitRMSNorm)
+    assert not any(isinstance(m, RMSNorm) for m in fast.decoder.layers.modules())  # all folded or adaptive
+    assert not any(p.requires_grad for p in fast.parameters())
+
+
+@torch.no_grad()
+def test_velocity_matches_denoise_step(pair):
+    ref, fast = pair
+    cfg = ref.cfg
+    batch = dummy_batch(cfg, 2, train=False)
+    x = _noise(cfg, 2)
+    c_ref, pos, mask, state = ref.head.prefill(ref, batch)
+    c_fast, pos2, mask2, state2 = fast.head.prefill(fast, batch)
+    for a, b in zip(c_ref.k + c_ref.v, c_fast.k + c_fast.v):
+        torch.testing.assert_close(b, a, atol=ATOL, rtol=ATOL)
+    n = cfg.num_denoise_steps
+    for i in (0, n - 1):
+        t = torch.full((2,), 1.0 - i / n)
+        v_ref = ref.head.denoise_step(ref, c_ref, state, x, t, pos, mask)
+        v_fast = fast_velocity(fast, c_fast, state2, x, fast.fast_time.rows[i], pos2, mask2)
+        torch.testing.assert_close(v_fast, v_ref, atol=ATOL, rtol=ATOL)
+
+
+def test_static_sampler_matches_sample(pair):
+    ref, fast = pair
+    cfg = ref.cfg
+    sampler = StaticSampler(fast, graph=True)  # graph is ignored on the CPU: same function, eager
+    for seed in (0, 1):  # the second call reuses the buffers and the cache
+        batch = dummy_batch(cfg, 2, train=False, seed=seed)
+        noise = _noise(cfg, 2, seed)
+        want = ref.sample_actions(batch, noise=noise)
+        with torch.inference_mode():
+            got = sampler(batch, noise)
+        torch.testing.assert_close(got, want, atol=ATOL, rtol=ATOL)
+    with pytest.raises(ValueError, match="per batch size"):
+        sampler(dummy_batch(cfg, 3, train=False), _noise(cfg, 3))
+
+
+def test_token_head_unaffected():
+    cfg = load_config("tiny", overrides=["model.head=tokens"]).model
+    torch.manual_seed(0)
+    ref = build_model(cfg).eval()
+    with torch.no_grad():
+        for mod in ref.modules():
+            if isinstance(mod, RMSNorm):
+                mod.weight.normal_(0, 0.3)
+    fast = prepare_for_inference(copy.deepcopy(ref), torch.float32)
+    assert not hasattr(fast, "fast_time")
+    batch = dummy_batch(cfg, 2, train=False)
+    with torch.no_grad():
+        h_ref = ref.decoder.logits(ref.decoder([ref.embed_prefix(batch)[0], None], *_plain_args(ref, batch)).vlm)
+        h_fast = fast.decoder.logits(
+            fast.decoder([fast.embed_prefix(batch)[0], None], *_plain_args(fast, batch)).vlm
+        )
+    torch.testing.assert_close(h_fast, h_ref, atol=1e-4, rtol=1e-4)
+    a_ref, a_fast = ref.sample(batch), fast.sample(batch)
+    torch.testing.assert_close(a_fast.actions, a_ref.actions)
+    assert torch.equal(a_fast.valid, a_ref.valid)
+
+
+def _plain_args(model, batch):
+    from vlastack.nn.attention import block_causal_mask
+
+    _, pad = model.embed_prefix(batch)
+    return pad.long().cumsum(-1) - 1, block_causal_mask(pad, pad.new_zeros(pad.shape[1]))
+
+
+def test_fused_model_still_samples_and_refuses_lora():
+    ref = _model("pi0")
+    fused = fuse_projections(copy.deepcopy(ref))  # without the time tables model.sample still works
+    batch, noise = dummy_batch(ref.cfg, 2, train=False), _noise(ref.cfg, 2)
+    torch.testing.assert_close(
+        fused.sample_actions(batch, noise=noise), ref.sample_actions(batch, noise=noise), atol=ATOL, rtol=ATOL
+    )
+    lora = copy.deepcopy(ref)
+    apply_lora(lora, [r"q_proj"], rank=2)
+    with pytest.raises(ValueError, match="merge LoRA"):
+        prepare_for_inference(lora, torch.float32)
+
+
+def test_bf16_prepared_close_to_fp32():
+    ref = _model("pi05")
+    fast = prepare_for_inference(copy.deepcopy(ref), torch.bfloat16)
+    assert fast.decoder.layers[0].vlm.self_attn.qkv_proj.weight.dtype == torch.bfloat16
+    batch, noise = dummy_batch(ref.cfg, 2, train=False), _noise(ref.cfg, 2)
+    want = ref.sample_actions(batch, noise=noise)
+    with torch.inference_mode():
+        got = StaticSampler(fast)(batch, noise)
+    assert got.dtype == torch.float32
+    rel = ((got - want).norm() / want.norm()).item()
+    assert rel < 0.05, rel
+
+
+@pytest.mark.parametrize("variant", ["pi0", "pi05"])
+def test_policy_fast_matches_policy(variant):
+    ref = _model(variant)
+    slow, fast = Policy(ref), Policy(copy.deepcopy(ref), fast=True)
+    cfg, rng = ref.cfg, np.random.default_rng(0)
+    obs = [
+        {
+            "images": {c: rng.integers(0, 256, (64, 64, 3), dtype=np.uint8) for c in cfg.camera_names},
+            "state": rng.normal(size=cfg.state_dim).astype(np.float32),
+            "prompt": f"pick {i}",
+        }
+        for i in range(2)
+    ]
+    checked = [slow.check(o) for o in obs]
+    for n in (1, 2):  # a second batch size gets its own static sampler
+        noise = _noise(cfg, n)
+        want = slow.infer_checked(checked[:n], noise)
+        got = fast.infer_checked(checked[:n], noise)
+        np.testing.assert_allclose(got, want, atol=ATOL, rtol=ATOL)
+    assert sorted(fast._fast.samplers) == [1, 2]
+    assert fast.infer(obs[0])["actions"].shape == (cfg.action_horizon, fast.action_dim)
+
+
+def test_policy_fast_refuses_token_head():
+    cfg = load_config("tiny", overrides=["model.head=tokens"]).model
+    with pytest.raises(ValueError, match="flow head"):
+        Policy(build_model(cfg), fast=True)
+
+
+def test_static_sampler_compiles_whole_without_graph_breaks():
+    """The unrolled sampler traces as one graph (fullgraph=True; the eager backend: no codegen)."""
+    torch._dynamo.reset()
+    fast = prepare_for_inference(_model("pi05", action_horizon=4), torch.float32)
+    sampler = StaticSampler(fast)
+    batch, noise = dummy_batch(fast.cfg, 1, train=False), _noise(fast.cfg, 1)
+    with torch.inference_mode():
+        sampler(batch, noise)
+        want = sampler.out.clone()
+        t0 = time.perf_counter()
+        torch.compile(sampler.run, fullgraph=True, dynamic=False, backend="eager")()
+    print(f"dynamo trace of the whole sampler: {time.perf_counter() - t0:.1f} s")
+    torch.testing.assert_close(sampler.out, want)
+    torch._dynamo.reset()
+
+
+# ----------------------------------------------------------------------------- GPU
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("variant", ["pi0", "pi05"])
+@pytest.mark.parametrize("compile", [False, True])
+def test_cuda_graph_matches_eager(variant, compile):
+    ref = _model(variant).cuda()
+    fast = prepare_for_inference(copy.deepcopy(ref), torch.bfloat16)
+    eager, graphed = StaticSampler(fast), StaticSampler(fast, graph=True, compile=compile)
+    for seed in (0, 1, 2):  # capture, then replays with new inputs
+        batch = {k: v.cuda() for k, v in dummy_batch(ref.cfg, 2, train=False, seed=seed).items()}
+        noise = _noise(ref.cfg, 2, seed).cuda()
+        with torch.inference_mode():
+            want, got = eager(batch, noise), graphed(batch, noise)
+            fp32 = ref.sample_actions(batch, noise=noise)
+        torch.testing.assert_close(got, want, atol=2e-2, rtol=2e-2)
+        assert ((got - fp32).norm() / fp32.norm()).item() < 0.05
+    assert graphed.graph is not None

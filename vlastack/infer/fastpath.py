@@ -1,0 +1,422 @@
+"""Inference fast path: functions that turn a trained flow VLA into an inference-only model, and
+the whole sampler (prefix pass + every Euler step) as one static function for CUDA-graph capture.
+
+    model = prepare_for_inference(model, torch.bfloat16)   # in place; returns the model
+    sampler = StaticSampler(model, graph=True)             # CUDA: captured on the first call
+    actions = sampler(batch, noise)                        # fp32 [B, H, A], as model.sample_actions
+
+What ``prepare_for_inference`` does (each step is its own function; the modules of models/ and nn/
+are unchanged, the model's submodules are swapped for inference ones):
+
+- ``fuse_projections``: q/k/v -> one ``qkv_proj`` and gate/up -> one ``gate_up_proj`` (exact
+  concatenation) in every Gemma block, and q/k/v in every SigLIP block: one GEMM instead of three.
+- the same pass folds each plain norm's scale into the fused linear that reads it: Gemma's
+  ``x / rms(x) * (1 + w)`` -> ``UnitRMSNorm`` + ``W * (1 + w)`` (exact up to rounding), and
+  SigLIP's LayerNorm affine -> the next linear's weight and bias. Adaptive norms (Pi0.5's expert)
+  are conditioned on the time and are not folded; the final norms (LM head, action head) neither.
+- ``precompute_time``: the flow time only takes the ``num_steps`` values of the fixed Euler
+  schedule, so the time branch becomes a table computed once in fp32: pi0's sinusoid + time MLP
+  input half -> a bias row per step; pi0.5's sinusoid + time MLP + every adaptive norm's dense
+  layer -> one modulation row per step and norm, selected by a one-hot step vector (an exact
+  matrix product). After this step the model samples only through ``fast_velocity``/``StaticSampler``
+  (``model.sample`` of a pi0.5 model would feed the tables a time vector).
+- weights cast to ``dtype`` (stored, not autocast over fp32); the time tables stay fp32 (rule:
+  norms and time embeddings in fp32).
+
+Refuses LoRA-wrapped linears (merge them first: ``nn.lora.merge_lora`` + ``remove_lora``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from einops import rearrange
+from torch import Tensor, nn
+
+from vlastack.models.gemma import AttentionProj, DecoderBlock
+from vlastack.models.heads.flow import FlowHead, sincos_time_embedding
+from vlastack.models.siglip import SiglipAttention, SiglipBlock
+from vlastack.nn.kv_cache import StaticKVCache
+from vlastack.nn.mlp import GeGLU
+from vlastack.nn.norms import AdaRMSNorm, LayerNorm, RMSNorm
+
+PREPARED_ATTR = "fast_time"  # the submodule precompute_time adds (marks an inference-only model)
+
+
+# ----------------------------------------------------------------------------- inference modules
+
+
+class UnitRMSNorm(nn.Module):
+    """``x / rms(x)`` in fp32, cast back: an RMSNorm whose ``(1 + w)`` went into the next linear."""
+
+    def __init__(self, eps: float) -> None:
+        super().__init__()
+        self.eps = eps
+
+    def forward(self, x: Tensor) -> Tensor:
+        xf = x.float()
+        return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype)
+
+
+class UnitLayerNorm(nn.Module):
+    """LayerNorm without affine, in fp32: its weight and bias went into the next linear."""
+
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.dim, self.eps = dim, eps
+
+    def forward(self, x: Tensor) -> Tensor:
+        with torch.autocast(x.device.type, enabled=False):
+            return F.layer_norm(x.float(), (self.dim,), None, None, self.eps).to(x.dtype)
+
+
+def _plain(lin: nn.Module, name: str) -> nn.Linear:
+    if type(lin) is not nn.Linear:
+        raise ValueError(
+            f"{name} is a {type(lin).__name__}, not nn.Linear: merge LoRA adapters before "
+            "prepare_for_inference (vlastack.nn.lora.merge_lora then remove_lora)"
+        )
+    return lin
+
+
+def _fused_linear(parts: list[nn.Linear], scale: Tensor | None, shift: Tensor | None = None) -> nn.Linear:
+    """One Linear computing ``cat([p(norm) for p in parts])`` for ``norm = unit * scale + shift``
+    (scale/shift: the folded norm's affine, or None). Math in fp32, stored in the parts' dtype."""
+    w = torch.cat([p.weight.detach().float() for p in parts])
+    has_bias = parts[0].bias is not None or shift is not None
+    b = torch.cat([p.bias.detach().float() for p in parts]) if parts[0].bias is not None else None
+    if shift is not None:  # W (u*g + s) + b = (W g) u + (W s + b)
+        extra = w @ shift.float()
+        b = extra if b is None else b + extra
+    if scale is not None:
+        w = w * scale.float()[None]
+    ref = parts[0].weight
+    out = nn.Linear(w.shape[1], w.shape[0], bias=has_bias, device=ref.device, dtype=ref.dtype)
+    with torch.no_grad():
+        out.weight.copy_(w)
+        if has_bias:
+            out.bias.copy_(b)
+    out.requires_grad_(False)
+    return out
+
+
+class FusedAttentionProj(nn.Module):
+    """``AttentionProj`` with one ``qkv_proj`` (same ``qkv`` / ``o_proj`` interface)."""
+
+    def __init__(self, src: AttentionProj, scale: Tensor | None) -> None:
+        super().__init__()
+        self.heads, self.kv_heads, self.head_dim = src.heads, src.kv_heads, src.head_dim
+        parts = [_plain(getattr(src, n), n) for n in ("q_proj", "k_proj", "v_proj")]
+        self.qkv_proj = _fused_linear(parts, scale)
+        self.o_proj = src.o_proj
+
+    def qkv(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """[B, T, W] -> q [B, H, T, D], k/v [B, KV, T, D]."""
+        d = self.head_dim
+        q, k, v = self.qkv_proj(x).split([self.heads * d, self.kv_heads * d, self.kv_heads * d], dim=-1)
+        return tuple(rearrange(t, "b t (h d) -> b h t d", d=d) for t in (q, k, v))
+
+
+class FusedGeGLU(nn.Module):
+    """``GeGLU`` with one ``gate_up_proj``: down(gelu_tanh(gate) * up). [..., D] -> [..., D]."""
+
+    def __init__(self, src: GeGLU, scale: Tensor | None) -> None:
+        super().__init__()
+        parts = [_plain(src.gate_proj, "gate_proj"), _plain(src.up_proj, "up_proj")]
+        self.gate_up_proj = _fused_linear(parts, scale)
+        self.down_proj = src.down_proj
+
+    def forward(self, x: Tensor) -> Tensor:
+        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        return self.down_proj(F.gelu(gate, approximate="tanh") * up)
+
+
+class FusedSiglipAttention(nn.Module):
+    """``SiglipAttention`` with one ``qkv_proj`` (LayerNorm affine folded in). [B, T, W] -> [B, T, W]."""
+
+    def __init__(self, src: SiglipAttention, norm: LayerNorm) -> None:
+        super().__init__()
+        self.heads = src.heads
+        parts = [_plain(getattr(src, n), n) for n in ("q_proj", "k_proj", "v_proj")]
+        self.qkv_proj = _fused_linear(parts, norm.weight, norm.bias)
+        self.out_proj = src.out_proj
+
+    def forward(self, x: Tensor) -> Tensor:
+        q, k, v = (rearrange(t, "b t (h d) -> b h t d", h=self.heads) for t in self.qkv_proj(x).chunk(3, -1))
+        out = F.scaled_dot_product_attention(q, k, v)
+        return self.out_proj(rearrange(out, "b h t d -> b t (h d)"))
+
+
+# ----------------------------------------------------------------------------- transforms
+
+
+def _fuse_decoder_block(block: DecoderBlock) -> None:
+    n1, n2 = block.input_layernorm, block.post_attention_layernorm
+    s1 = 1.0 + n1.weight.detach().float() if type(n1) is RMSNorm else None
+    s2 = 1.0 + n2.weight.detach().float() if type(n2) is RMSNorm else None
+    block.self_attn = FusedAttentionProj(block.self_attn, s1)
+    block.mlp = FusedGeGLU(block.mlp, s2)
+    if s1 is not None:
+        block.input_layernorm = UnitRMSNorm(n1.eps)
+    if s2 is not None:
+        block.post_attention_layernorm = UnitRMSNorm(n2.eps)
+
+
+def _fuse_siglip_block(block: SiglipBlock) -> None:
+    n1, n2 = block.layer_norm1, block.layer_norm2
+    block.self_attn = FusedSiglipAttention(block.self_attn, n1)
+    block.mlp.fc1 = _fused_linear([_plain(block.mlp.fc1, "fc1")], n2.weight, n2.bias)
+    block.layer_norm1 = UnitLayerNorm(n1.normalized_shape[0], n1.eps)
+    block.layer_norm2 = UnitLayerNorm(n2.normalized_shape[0], n2.eps)
+
+
+@torch.no_grad()
+def fuse_projections(model: nn.Module) -> nn.Module:
+    """Fused QKV and gate/up projections with the plain norms folded in, in place (see module
+    docstring). ``model.sample`` still works and gives the same actions. Returns ``model``."""
+    if getattr(model, "_fused", False):
+        return model
+    for layer in model.decoder.layers:
+        for block in (layer.vlm, layer.expert):
+            if block is not None:
+                _fuse_decoder_block(block)
+    for block in model.vision.layers:
+        _fuse_siglip_block(block)
+    model._fused = True
+    return model
+
+
+class TimeTables(nn.Module):
+    """The flow time branch for a fixed Euler schedule of ``num_steps`` steps.
+
+    ``rows`` [num_steps, X]: pi0: the time MLP input layer's time half plus its bias, per step
+    (X = expert width; ``act_in`` is the action half); pi0.5: one-hot step vectors (X = num_steps)
+    that select each adaptive norm's precomputed modulation row.
+    """
+
+    def __init__(self, num_steps: int, rows: Tensor, act_in: nn.Linear | None) -> None:
+        super().__init__()
+        self.num_steps = num_steps
+        self.register_buffer("rows", rows, persistent=False)
+        self.act_in = act_in
+
+
+def schedule(num_steps: int) -> list[float]:
+    """The Euler times ``FlowHead.sample`` uses: 1, 1 - 1/n, ..., 1/n."""
+    dt = -1.0 / num_steps
+    return [1.0 + i * dt for i in range(num_steps)]
+
+
+@torch.no_grad()
+def precompute_time(model: nn.Module, num_steps: int | None = None) -> nn.Module:
+    """Replace the flow time branch with per-step tables (see module docstring), in place.
+    Computed in fp32 from the current weights. Returns ``model``."""
+    head = model.head
+    if not isinstance(head, FlowHead):
+        raise ValueError(f"precompute_time needs a flow head, got {type(head).__name__}")
+    if hasattr(model, PREPARED_ATTR):
+        raise ValueError("the time branch is already precomputed (prepare_for_inference runs once)")
+    c = model.cfg
+    n = num_steps or c.num_denoise_steps
+    dev = head.action_in_proj.weight.device
+    t = torch.tensor(schedule(n), dtype=torch.float32, device=dev)
+    temb = sincos_time_embedding(t, c.expert.width, c.time_min_period, c.time_max_period)  # [n, We]
+
+    def lin(m: nn.Linear, x: Tensor) -> Tensor:
+        return F.linear(x, m.weight.float(), None if m.bias is None else m.bias.float())
+
+    if c.adarms:
+        cond = F.silu(lin(head.time_mlp_out, F.silu(lin(head.time_mlp_in, temb))))  # [n, We]
+        for norm in model.decoder.modules():
+            if isinstance(norm, AdaRMSNorm):
+                table = lin(norm.dense, cond)  # [n, 3D]: scale, shift, gate per step
+                dense = nn.Linear(n, table.shape[1], device=dev, dtype=torch.float32)
+                dense.weight.copy_(table.t()), dense.bias.zero_()
+                norm.dense = dense.requires_grad_(False)
+        tables = TimeTables(n, torch.eye(n, device=dev), None)
+    else:
+        w = c.expert.width
+        m = _plain(head.action_time_mlp_in, "action_time_mlp_in")  # input: cat([action, time])
+        bias = temb @ m.weight[:, w:].float().t() + m.bias.float()  # [n, We]
+        act_in = nn.Linear(w, w, bias=False, device=dev, dtype=m.weight.dtype)
+        act_in.weight.copy_(m.weight[:, :w])
+        tables = TimeTables(n, bias, act_in.requires_grad_(False))
+    model.add_module(PREPARED_ATTR, tables)
+    return model
+
+
+def _cast_keep_tables(model: nn.Module, dtype: torch.dtype) -> None:
+    """Weights to ``dtype``; adaptive norm tables (pi0.5) stay fp32 (they are norm modulations)."""
+    keep = [m.dense for m in model.modules() if isinstance(m, AdaRMSNorm)]
+    saved = [(d, d.weight.data, d.bias.data) for d in keep]
+    model.to(dtype)
+    for d, w, b in saved:
+        d.weight.data, d.bias.data = w.float(), b.float()
+
+
+@torch.no_grad()
+def prepare_for_inference(
+    model: nn.Module, dtype: torch.dtype = torch.bfloat16, num_steps: int | None = None
+) -> nn.Module:
+    """Fuse, fold, precompute the time branch for ``num_steps`` (default the config's) and store
+    the weights in ``dtype``, in place; the model is then inference-only (eval, no grads). Token
+    heads get the fusions and the cast only (their sampler is unchanged). Returns ``model``."""
+    if dtype not in (torch.float32, torch.bfloat16, torch.float16):
+        raise ValueError(f"dtype must be float32, bfloat16 or float16, got {dtype}")
+    model.eval().requires_grad_(False)
+    fuse_projections(model)
+    if isinstance(model.head, FlowHead):
+        precompute_time(model, num_steps)
+        rows = model.fast_time.rows
+    _cast_keep_tables(model, dtype)
+    if isinstance(model.head, FlowHead):
+        keep_fp32 = model.cfg.adarms  # one-hot selectors; pi0's bias rows are added in ``dtype``
+        model.fast_time.rows = rows.float() if keep_fp32 else rows.to(dtype)
+    return model
+
+
+# ----------------------------------------------------------------------------- the sampler
+
+
+def fast_velocity(
+    model: nn.Module, cache: StaticKVCache, state: Tensor, x: Tensor, row: Tensor, positions: Tensor, mask: Tensor
+) -> Tensor:
+    """``FlowHead.denoise_step`` on a prepared model: ``row`` = ``model.fast_time.rows[i]`` for
+    Euler step i (the time). state [B, S(+extra)], x [B, H, A] -> v fp32 [B, H, A]."""
+    head, tables = model.head, model.fast_time
+    dtype = head.action_in_proj.weight.dtype
+    act = head.action_in_proj(x.to(dtype))
+    b = x.shape[0]
+    if model.cfg.adarms:
+        suffix, cond = act, row[None].expand(b, -1)
+    else:
+        h = head.action_time_mlp_out(F.silu(tables.act_in(act) + row))
+        suffix, cond = torch.cat([head.state_proj(state.to(dtype))[:, None], h], dim=1), None
+    p = cache.max_len - head.suffix_len
+    out = model.decoder(
+        [None, suffix], positions, mask, cache=cache, cache_pos=p, attend_cache=True, cond=[None, cond]
+    )
+    return head.action_out_proj(out.expert[:, head.n_state :]).float()
+
+
+class StaticSampler:
+    """The whole flow sampler over static buffers: ``run()`` reads ``inputs`` and ``noise`` and
+    writes ``out``, with fixed shapes, no host syncs and no data-dependent Python control flow, so
+    it can be captured in one CUDA graph or compiled whole (``torch.compile(sampler.run,
+    fullgraph=True)``). Buffers are allocated on the first call from that batch's shapes and
+    dtypes; a later batch must match them (else ValueError: make another sampler).
+
+    ``graph`` (CUDA only; ignored on CPU, where ``run`` runs as is): capture ``run`` on the first
+    call (after two warm-up runs on a side stream) and replay it after. ``compile``: torch.compile
+    (fullgraph, default mode) the prefix pass and the Euler step apart, before capture: fused
+    kernels, compiled in the time of one step, and still one graph for the whole call.
+    """
+
+    def __init__(self, model: nn.Module, *, graph: bool = False, compile: bool = False) -> None:
+        if not hasattr(model, PREPARED_ATTR):
+            raise ValueError("StaticSampler needs a model made by prepare_for_inference (flow head)")
+        self.model = model
+        self.head: FlowHead = model.head
+        p = next(model.parameters())
+        self.device, self.dtype = p.device, model.head.action_in_proj.weight.dtype
+        self.num_steps = model.fast_time.num_steps
+        self.dt = -1.0 / self.num_steps
+        self.use_graph = graph and self.device.type == "cuda"
+        self.graph: torch.cuda.CUDAGraph | None = None
+        self.inputs: dict[str, Tensor] | None = None
+        self.noise = self.out = None
+        self.cache: StaticKVCache | None = None
+        # Separate per-step rows (not views of one table): a compiled step sees one input layout.
+        self.rows = [r.clone() for r in model.fast_time.rows]
+        self._prefill = self.head.prefill
+        self._step = self.euler_step
+        if compile:
+            self._prefill = torch.compile(self.head.prefill, fullgraph=True, dynamic=False)
+            self._step = torch.compile(self.euler_step, fullgraph=True, dynamic=False)
+
+    @property
+    def batch_size(self) -> int | None:
+        return None if self.noise is None else self.noise.shape[0]
+
+    def euler_step(
+        self, cache: StaticKVCache, state: Tensor, x: Tensor, row: Tensor, positions: Tensor, mask: Tensor
+    ) -> Tensor:
+        """x [B, H, A] fp32 at time t_i -> x at t_{i+1}."""
+        return x + self.dt * fast_velocity(self.model, cache, state, x, row, positions, mask)
+
+    def run(self) -> None:
+        """The static function: prefix pass into the cache, ``num_steps`` Euler steps, -> ``out``."""
+        cache, positions, mask, state = self._prefill(self.model, self.inputs, self.cache)
+        x = self.noise * self.model.cfg.noise_scale
+        for row in self.rows:
+            x = self._step(cache, state, x, row, positions, mask)
+        self.out.copy_(x)
+
+    def _allocate(self, batch: dict[str, Tensor], noise: Tensor) -> None:
+        dev = self.device
+        self.inputs = {k: torch.zeros_like(v, device=dev) for k, v in batch.items() if isinstance(v, Tensor)}
+        self.noise = torch.zeros(noise.shape, dtype=torch.float32, device=dev)
+        self.out = torch.zeros_like(self.noise)
+        self.cache = self.head.new_cache(self.model, noise.shape[0], self.dtype, dev)
+
+    def load(self, batch: dict[str, Any], noise: Tensor) -> None:
+        """Copy ``batch`` (model inputs, vlastack/batch.py) and ``noise`` [B, H, A] into the
+        static buffers (allocating them on the first call)."""
+        if self.inputs is None:
+            self._allocate(batch, noise)
+        tensors = {k: v for k, v in batch.items() if isinstance(v, Tensor)}
+        if tensors.keys() != self.inputs.keys() or noise.shape != self.noise.shape:
+            raise ValueError(
+                f"StaticSampler buffers hold keys {sorted(self.inputs)} with noise {tuple(self.noise.shape)}; "
+                f"got {sorted(tensors)} with noise {tuple(noise.shape)} (make a sampler per batch size)"
+            )
+        for k, v in tensors.items():
+            buf = self.inputs[k]
+            if v.shape != buf.shape or v.dtype != buf.dtype:
+                raise ValueError(
+                    f"batch[{k!r}] is {v.dtype} {tuple(v.shape)}; this sampler's buffer is "
+                    f"{buf.dtype} {tuple(buf.shape)} (make a sampler per batch size)"
+                )
+            buf.copy_(v, non_blocking=True)
+        self.noise.copy_(noise, non_blocking=True)
+
+    def capture(self) -> None:
+        """Warm up on a side stream (compiles, cuBLAS workspaces), then capture ``run``."""
+        stream = torch.cuda.Stream(device=self.device)
+        stream.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(stream):
+            for _ in range(2):
+                self.run()
+        torch.cuda.current_stream(self.device).wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            self.run()
+        self.graph = graph
+
+    def __call__(self, batch: dict[str, Any], noise: Tensor) -> Tensor:
+        """-> actions fp32 [B, H, A] (a fresh tensor: the next call overwrites ``out``)."""
+        self.load(batch, noise)
+        if not self.use_graph:
+            self.run()
+        else:
+            if self.graph is None:
+                self.capture()
+            self.graph.replay()
+        return self.out.clone()
+
+
+class FastFlow:
+    """One ``StaticSampler`` (and, on CUDA, one graph) per batch size, made on first use: what
+    ``Policy(fast=True)`` calls in place of ``model.sample``."""
+
+    def __init__(self, model: nn.Module, *, graph: bool = True, compile: bool = False) -> None:
+        self.model, self.graph, self.compile = model, graph, compile
+        self.samplers: dict[int, StaticSampler] = {}
+
+    def __call__(self, batch: dict[str, Any], noise: Tensor) -> Tensor:
+        b = noise.shape[0]
+        if b not in self.samplers:
+            self.samplers[b] = StaticSampler(self.model, graph=self.graph, compile=self.compile)
+        return self.samplers[b](batch, noise)
