@@ -99,7 +99,9 @@ def test_static_sampler_matches_sample(pair):
 
 
 def test_token_head_unaffected():
-    cfg = load_config("tiny", overrides=["model.head=tokens"]).model
+    over = ["model.head=tokens", "model.action_horizon=4", "model.action_dim=4", "eval.steps_per_chunk=4"]
+    over.append("model.tokens.decoding=parallel")  # one pass (autoregressive decoding takes 7 s here)
+    cfg = load_config("tiny", overrides=over).model
     torch.manual_seed(0)
     ref = build_model(cfg).eval()
     with torch.no_grad():
@@ -110,7 +112,9 @@ def test_token_head_unaffected():
     assert not hasattr(fast, "fast_time")
     batch = dummy_batch(cfg, 2, train=False)
     with torch.no_grad():
-        h_ref = ref.decoder.logits(ref.decoder([ref.embed_prefix(batch)[0], None], *_plain_args(ref, batch)).vlm)
+        h_ref = ref.decoder.logits(
+            ref.decoder([ref.embed_prefix(batch)[0], None], *_plain_args(ref, batch)).vlm
+        )
         h_fast = fast.decoder.logits(
             fast.decoder([fast.embed_prefix(batch)[0], None], *_plain_args(fast, batch)).vlm
         )

@@ -281,7 +281,13 @@ def prepare_for_inference(
 
 
 def fast_velocity(
-    model: nn.Module, cache: StaticKVCache, state: Tensor, x: Tensor, row: Tensor, positions: Tensor, mask: Tensor
+    model: nn.Module,
+    cache: StaticKVCache,
+    state: Tensor,
+    x: Tensor,
+    row: Tensor,
+    positions: Tensor,
+    mask: Tensor,
 ) -> Tensor:
     """``FlowHead.denoise_step`` on a prepared model: ``row`` = ``model.fast_time.rows[i]`` for
     Euler step i (the time). state [B, S(+extra)], x [B, H, A] -> v fp32 [B, H, A]."""
