@@ -265,6 +265,11 @@ def prepare_for_inference(
     heads get the fusions and the cast only (their sampler is unchanged). Returns ``model``."""
     if dtype not in (torch.float32, torch.bfloat16, torch.float16):
         raise ValueError(f"dtype must be float32, bfloat16 or float16, got {dtype}")
+    if hasattr(model, PREPARED_ATTR):  # prepared already (e.g. by a bench before Policy(fast=True))
+        have = model.head.action_in_proj.weight.dtype
+        if have != dtype:
+            raise ValueError(f"the model was prepared for {have}, not {dtype}: prepare a fresh copy")
+        return model
     model.eval().requires_grad_(False)
     fuse_projections(model)
     if isinstance(model.head, FlowHead):

@@ -1,0 +1,511 @@
+"""Issue #23 on one GPU, in one command: Pi0/Pi0.5 inference latency (eager, fast path, CUDA graph,
+compiled + graph), a breakdown and kernel counts, memory, training MFU and LoRA samples/s, and
+LeRobot's PI0Policy/PI05Policy side by side. Writes bench/results/latency_cuda.json (merged per
+part, saved after every figure, so a run cut short keeps what it measured).
+
+    python3 bench/latency_gpu.py                          # GPU: every part, in priority order, <= --budget-s
+    python3 bench/latency_gpu.py --parts compile,lerobot-compile   # a second command: the slow parts
+    python3 bench/latency_gpu.py --lerobot                # = --parts lerobot (LeRobot side only)
+    python3 bench/latency_gpu.py --smoke                  # CPU, tiny shapes: checks the script (no figures)
+
+Shapes (full size, random weights): pi0 with 3 cameras and a 48-token prompt, pi0.5 with 2 cameras
+and its 200-token prompt; 224x224 images, chunk 50, 10 Euler steps, batch 1/4/16. Modes:
+
+- ``eager``: ``model.sample_actions`` with fp32 weights under bf16 autocast (the earlier baseline);
+- ``fast-eager``: ``prepare_for_inference`` (bf16 weights, fused QKV/gate-up, folded norms, time
+  tables) and ``StaticSampler`` without capture;
+- ``fast-graph``: the same function captured in one CUDA graph (prefix pass + all steps);
+- ``fast-compile-graph``: prefix pass and Euler step torch.compiled (inductor), then captured.
+
+``model_p50_ms`` is the sampler alone on device-resident inputs; ``policy_p50_ms`` is
+``Policy.infer`` end to end (numpy obs in, actions out, tokenization and normalization included).
+``warmup_s``: first call (compile + capture). ``breakdown``: prefix pass and one Euler step, each
+captured alone and replayed; host = policy - model. ``kernels``: CUDA kernels per call from
+torch.profiler (a graph replays the same kernels in one launch). Training: ``train_step`` (bf16
+autocast, fused AdamW, activation checkpointing) at the largest batch that fits; FLOPs from
+FlopCounterMode on that step (``hw_flops`` counts the recomputed forward; ``model_flops`` subtracts
+one forward counted alone) over 989 TFLOP/s dense bf16.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import gc
+import json
+import os
+import subprocess
+import sys
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from bench.common import RESULTS, environment, percentile  # noqa: E402
+from vlastack.batch import dummy_batch  # noqa: E402
+from vlastack.config import load_config  # noqa: E402
+from vlastack.infer.fastpath import StaticSampler, prepare_for_inference  # noqa: E402
+from vlastack.infer.policy import Policy  # noqa: E402
+from vlastack.models import build_model  # noqa: E402
+
+PEAK_BF16 = {"H100": 989e12, "H200": 989e12, "A100": 312e12, "4090": 165e12}
+PARTS = ("infer", "lerobot", "train", "compile", "lerobot-compile")
+PRESET_CAMERAS = {
+    "pi0": ("base_0_rgb", "left_wrist_0_rgb", "right_wrist_0_rgb"),
+    "pi05": ("base_0_rgb", "left_wrist_0_rgb"),
+}
+T0 = time.perf_counter()
+
+
+def log(msg: str) -> None:
+    print(f"[{time.perf_counter() - T0:6.1f}s] {msg}", flush=True)
+
+
+class Results:
+    """The JSON file, merged into and written after every update."""
+
+    def __init__(self, path: Path, smoke: bool) -> None:
+        self.path = path
+        old = json.loads(path.read_text()) if path.exists() and not smoke else {}
+        self.data = old if old.get("schema") == "latency_gpu/1" else {"schema": "latency_gpu/1"}
+        self.data.setdefault("sections", {})
+        self.data.setdefault("skipped", {})
+        self.data["environment"] = environment()
+        self.data["date"] = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
+        self.data["smoke"] = smoke
+
+    def put(self, section: str, key: str, value) -> None:
+        self.data["sections"].setdefault(section, {})[key] = value
+        self.data["skipped"].pop(f"{section}/{key}", None)
+        self.save()
+
+    def skip(self, what: str, why: str) -> None:
+        log(f"SKIP {what}: {why}")
+        self.data["skipped"][what] = why
+        self.save()
+
+    def save(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.path.write_text(json.dumps(self.data, indent=2, default=str))
+
+
+class Budget:
+    def __init__(self, seconds: float) -> None:
+        self.deadline = time.perf_counter() + seconds
+
+    def left(self) -> float:
+        return self.deadline - time.perf_counter()
+
+
+def guarded(res: Results, what: str, fn: Callable[[], None]) -> None:
+    """Run one measurement; on failure record why and go on (free the GPU memory it held)."""
+    try:
+        fn()
+    except Exception as e:  # a bench records every failure and continues
+        traceback.print_exc()
+        res.skip(what, f"{type(e).__name__}: {str(e)[:400]}")
+    finally:
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def timed(fn: Callable[[], object], device: torch.device, repeats: int, warmup: int = 2) -> dict:
+    for _ in range(warmup):
+        fn()
+    sync(device)
+    ms = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        sync(device)
+        ms.append((time.perf_counter() - t0) * 1e3)
+    return {"p50_ms": round(percentile(ms, 50), 3), "p90_ms": round(percentile(ms, 90), 3), "n": repeats}
+
+
+def first_call_s(fn: Callable[[], object], device: torch.device) -> float:
+    t0 = time.perf_counter()
+    fn()
+    sync(device)
+    return round(time.perf_counter() - t0, 2)
+
+
+def model_config(preset: str, smoke: bool):
+    """Full-size presets (random weights), or tiny shapes with the same structure for --smoke."""
+    variant = "pi05" if preset == "pi05" else "pi0"
+    if smoke:
+        cfg = load_config("tiny", overrides=[f"model.variant={variant}"]).model
+        cams = tuple(f"cam{i}" for i in range(len(PRESET_CAMERAS[preset])))
+        return replace(cfg, camera_names=cams, num_denoise_steps=3)
+    cfg = load_config(preset).model
+    return replace(cfg, camera_names=PRESET_CAMERAS[preset], num_denoise_steps=10, action_horizon=50)
+
+
+def observations(cfg, n: int, seed: int = 0) -> list[dict]:
+    rng = np.random.default_rng(seed)
+    s = cfg.vision.image_size
+    return [
+        {
+            "images": {c: rng.integers(0, 256, (s, s, 3), dtype=np.uint8) for c in cfg.camera_names},
+            "state": rng.normal(size=cfg.state_dim).astype(np.float32),
+            "prompt": "pick up the red block and put it in the bowl",
+        }
+        for _ in range(n)
+    ]
+
+
+def kernel_count(fn: Callable[[], object], device: torch.device) -> dict:
+    """Kernels (and memcpy/memset) one call launches, and their summed device time, from the
+    profiler. On CPU (--smoke) it counts the aten ops instead."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    sync(device)
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    with profile(activities=acts) as prof:
+        fn()
+        sync(device)
+    events = prof.events()
+    if device.type == "cuda":
+        dev = [e for e in events if e.device_type == DeviceType.CUDA]
+        busy = sum(getattr(e, "device_time", getattr(e, "cuda_time", 0.0)) for e in dev) / 1e3
+        return {"kernels": len(dev), "kernel_time_ms": round(busy, 3)}
+    return {"aten_ops": sum(1 for e in events if e.name.startswith("aten::"))}
+
+
+def graph_replay_ms(fn: Callable[[], object], device: torch.device, repeats: int) -> float:
+    """Capture ``fn`` alone in a CUDA graph and time its replays (CPU: time it eagerly)."""
+    if device.type != "cuda":
+        return timed(fn, device, repeats)["p50_ms"]
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        fn(), fn()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        fn()
+    return timed(g.replay, device, repeats)["p50_ms"]
+
+
+def breakdown(sampler: StaticSampler, device: torch.device, repeats: int) -> dict:
+    """Prefix pass and one Euler step, each captured alone (after ``sampler`` ran once)."""
+    m = sampler.model
+    prefill = lambda: sampler._prefill(m, sampler.inputs, sampler.cache)  # noqa: E731
+    cache, positions, mask, state = prefill()
+    x = sampler.noise.clone()
+    step = lambda: sampler._step(cache, state, x, sampler.rows[0], positions, mask)  # noqa: E731
+    out = {
+        "prefix_ms": graph_replay_ms(prefill, device, repeats),
+        "step_ms": graph_replay_ms(step, device, repeats),
+    }
+    out["prefix_plus_steps_ms"] = round(out["prefix_ms"] + sampler.num_steps * out["step_ms"], 3)
+    return out
+
+
+# ----------------------------------------------------------------------------- inference
+
+
+def bench_inference(res: Results, preset: str, args, budget: Budget, compile_only: bool) -> None:
+    dev = torch.device(args.device)
+    cfg = model_config(preset, args.smoke)
+    sec = f"infer/{preset}"
+    res.put(sec, "shapes", {
+        "cameras": len(cfg.camera_names), "image": cfg.vision.image_size, "text_tokens": cfg.max_text_len,
+        "prefix_len": cfg.prefix_len, "chunk": cfg.action_horizon, "steps": cfg.num_denoise_steps,
+    })  # fmt: skip
+    log(f"{preset}: building the model ({dev})")
+    torch.manual_seed(0)
+    model = build_model(cfg, device=dev).eval()
+    res.put(sec, "params", model.num_params())
+    batches = {b: dummy_batch(cfg, b, train=False, seed=b, device=dev) for b in args.batches}
+    noises = {b: torch.randn(b, cfg.action_horizon, cfg.action_dim, device=dev) for b in args.batches}
+    reps = args.repeats
+    gpu = dev.type == "cuda"  # --smoke on the CPU: fp32 (CPU bf16 is slow and checks nothing more)
+
+    if not compile_only:
+
+        def eager() -> None:
+            def call():
+                with torch.inference_mode(), torch.autocast(dev.type, torch.bfloat16, enabled=gpu):
+                    return model.sample_actions(batches[1], noise=noises[1])
+
+            row = timed(call, dev, max(3, reps // 4), warmup=1)
+            row["kernels"] = kernel_count(call, dev)
+            res.put(sec, "eager_autocast_fp32_weights_b1", row)
+            log(f"{preset} eager b1: {row}")
+
+        guarded(res, f"{sec}/eager_autocast_fp32_weights_b1", eager)
+
+    t0 = time.perf_counter()
+    prepare_for_inference(model, torch.bfloat16 if gpu else torch.float32)
+    sync(dev)
+    res.put(sec, "prepare_s", round(time.perf_counter() - t0, 2))
+    weights = sum(t.numel() * t.element_size() for t in [*model.parameters(), *model.buffers()])
+    res.put(sec, "weights_gib", round(weights / 2**30, 3))
+    modes = ["fast-compile-graph"] if compile_only else ["fast-eager", "fast-graph"]
+    for mode in modes:
+        compile = mode == "fast-compile-graph"
+        for b in args.batches if mode != "fast-eager" else [1]:
+            if budget.left() < (150 if compile else 20):
+                res.skip(f"{sec}/{mode}_b{b}", f"budget: {budget.left():.0f} s left")
+                continue
+
+            def run_mode(mode=mode, b=b, compile=compile) -> None:
+                if compile:
+                    torch._dynamo.reset()
+                sampler = StaticSampler(model, graph=mode != "fast-eager", compile=compile)
+                call = lambda: sampler(batches[b], noises[b])  # noqa: E731
+                with torch.inference_mode():
+                    if dev.type == "cuda":
+                        torch.cuda.reset_peak_memory_stats(dev)
+                    row = {"warmup_s": first_call_s(call, dev)}
+                    row.update(timed(call, dev, reps))
+                    row["samples_per_s"] = round(b * 1e3 / row["p50_ms"], 2)
+                    if dev.type == "cuda":
+                        row["peak_gib"] = round(torch.cuda.max_memory_allocated(dev) / 2**30, 3)
+                        row["peak_over_weights_gib"] = round(row["peak_gib"] - weights / 2**30, 3)
+                    if b == 1:
+                        if mode != "fast-graph":  # a graph replays the same kernels as the function
+                            plain = StaticSampler(model, compile=compile) if compile else sampler
+                            plain._prefill, plain._step = sampler._prefill, sampler._step
+                            row["kernels"] = kernel_count(lambda: plain(batches[1], noises[1]), dev)
+                        row["breakdown"] = breakdown(sampler, dev, reps)
+                        if mode != "fast-eager":
+                            row["policy"] = policy_latency(model, cfg, dev, reps, compile)
+                            row["policy"]["host_ms"] = round(row["policy"]["p50_ms"] - row["p50_ms"], 3)
+                res.put(sec, f"{mode}_b{b}", row)
+                log(f"{preset} {mode} b{b}: {row}")
+
+            guarded(res, f"{sec}/{mode}_b{b}", run_mode)
+    if compile_only:
+        torch._dynamo.reset()
+
+
+def policy_latency(model, cfg, dev: torch.device, reps: int, compile: bool) -> dict:
+    """``Policy.infer`` end to end at batch 1 on an already prepared model."""
+    dtype = "bf16" if dev.type == "cuda" else None
+    policy = Policy(model, device=dev, dtype=dtype, fast=True, compile=compile, seed=0)
+    obs = observations(cfg, 1)[0]
+    out = {"warmup_s": first_call_s(lambda: policy.infer(obs), dev)}
+    out.update(timed(lambda: policy.infer(obs), dev, reps))
+    return out
+
+
+# ----------------------------------------------------------------------------- training
+
+
+def train_batch_fits(model, opt, cfg, b: int, dev: torch.device, precision: str):
+    from vlastack.train.step import train_step
+
+    batch = dummy_batch(cfg, b, train=True, seed=0, device=dev)
+    train_step(model, opt, [batch], device_type=dev.type, precision=precision)
+    return batch
+
+
+def bench_training(res: Results, args, budget: Budget) -> None:
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from vlastack.nn.lora import apply_lora
+    from vlastack.train.optim import build_optimizer
+    from vlastack.train.parallel import apply_activation_checkpointing
+    from vlastack.train.step import train_step
+
+    dev = torch.device(args.device)
+    full = load_config("tiny" if args.smoke else "pi0")
+    cfg = model_config("pi0", args.smoke)
+    full = replace(full, model=cfg)
+    precision = "bf16" if dev.type == "cuda" else "fp32"
+    bf16 = precision == "bf16"
+    gpu = torch.cuda.get_device_name() if dev.type == "cuda" else "cpu"
+    peak = next((v for k, v in PEAK_BF16.items() if k in gpu), PEAK_BF16["H100"])
+    sec = "train/pi0"
+
+    def run(kind: str) -> None:
+        torch.manual_seed(0)
+        model = build_model(cfg, device=dev).train()
+        if kind == "lora":
+            t = full.train
+            apply_lora(model, t.lora_targets, 16, t.lora_alpha)
+        apply_activation_checkpointing(model)
+        opt = build_optimizer(model, full.train)
+        batch = None
+        for b in args.train_batches:
+            try:
+                batch = train_batch_fits(model, opt, cfg, b, dev, precision)
+                break
+            except torch.OutOfMemoryError:
+                opt.zero_grad(set_to_none=True)
+                gc.collect(), torch.cuda.empty_cache()
+                log(f"train {kind}: batch {b} does not fit")
+        if batch is None:
+            raise RuntimeError(f"no batch in {args.train_batches} fits")
+        b = batch["state"].shape[0]
+        step = lambda: train_step(model, opt, [batch], device_type=dev.type, precision=precision)  # noqa: E731
+        row = {"batch": b, "precision": precision, "activation_checkpointing": True}
+        row.update(timed(step, dev, args.train_steps, warmup=1))
+        row["samples_per_s"] = round(b * 1e3 / row["p50_ms"], 2)
+        if dev.type == "cuda":
+            row["peak_gib"] = round(torch.cuda.max_memory_allocated(dev) / 2**30, 2)
+        with FlopCounterMode(display=False) as fc:
+            step()
+        hw = fc.get_total_flops()
+        with FlopCounterMode(display=False) as fc, torch.autocast(dev.type, torch.bfloat16, enabled=bf16):
+            model(batch)  # one forward alone: what checkpointing recomputes, at most
+        fwd = fc.get_total_flops()
+        row.update(hw_flops=hw, forward_flops=fwd, model_flops=hw - fwd)
+        if dev.type == "cuda":
+            row["mfu_hw"] = round(hw / (row["p50_ms"] / 1e3) / peak, 4)
+            row["mfu_model"] = round((hw - fwd) / (row["p50_ms"] / 1e3) / peak, 4)
+            row["peak_flops"] = peak
+        res.put(sec, kind, row)
+        log(f"train {kind}: {row}")
+
+    for kind in ("full", "lora"):
+        if budget.left() < 60:
+            res.skip(f"{sec}/{kind}", f"budget: {budget.left():.0f} s left")
+            continue
+        guarded(res, f"{sec}/{kind}", lambda kind=kind: run(kind))
+
+
+# ----------------------------------------------------------------------------- LeRobot
+
+
+def lerobot_python(args) -> str:
+    """A venv on this machine with lerobot 0.6.1 and its pure-Python needs from .gpu_wheels/ (no
+    index), on top of the system site-packages (torch, numpy, ...). -> its python."""
+    if args.lerobot_python:
+        return args.lerobot_python
+    venv = Path(args.lerobot_venv)
+    py = venv / "bin" / "python"
+    wheels = ROOT / ".gpu_wheels"
+    if not py.exists():
+        if not list(wheels.glob("*.whl")):
+            raise RuntimeError(
+                f"no wheels in {wheels}: run scripts/gpu_wheels.sh where PyPI is reachable and carry .gpu_wheels"
+            )
+        subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], check=True)
+        cmd = [str(py), "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--find-links", str(wheels)]
+        subprocess.run(cmd + [str(w) for w in sorted(wheels.glob("*.whl"))], check=True)
+    return str(py)
+
+
+def bench_lerobot(res: Results, args, budget: Budget, compile: bool) -> None:
+    """LeRobot's PI0Policy / PI05Policy at the same shapes, in its own venv and process (its
+    transformers 5.5 must not shadow ours); bench/lerobot_side.py writes a JSON after every figure."""
+    sec = "lerobot"
+    try:
+        py = lerobot_python(args)
+    except Exception as e:
+        res.skip(f"{sec}/install", f"{type(e).__name__}: {e}")
+        return
+    out = Path(args.lerobot_out)
+    out.unlink(missing_ok=True)
+    seconds = max(0.0, budget.left() - 10)
+    cmd = [py, str(ROOT / "bench" / "lerobot_side.py"), "--out", str(out), "--budget-s", str(int(seconds))]
+    cmd += ["--batches", ",".join(map(str, args.batches)), "--repeats", str(args.repeats)]
+    cmd += ["--train-batches", ",".join(map(str, args.train_batches)), "--device", args.device]
+    cmd += ["--compile"] if compile else []
+    cmd += ["--smoke"] if args.smoke else []
+    log(f"LeRobot: {' '.join(cmd)}")
+    try:
+        proc = subprocess.run(cmd, timeout=seconds + 5, capture_output=True, text=True)
+        print(proc.stdout[-6000:], proc.stderr[-6000:], sep="\n", flush=True)
+        if proc.returncode:
+            res.skip(f"{sec}/process", f"exit {proc.returncode}: {proc.stderr.strip()[-800:]}")
+    except subprocess.TimeoutExpired:
+        res.skip(f"{sec}/process", f"killed at the budget ({seconds:.0f} s); rows written before are kept")
+    if out.exists():
+        side = json.loads(out.read_text())
+        for k, v in side.get("rows", {}).items():
+            res.put(sec + ("-compile" if compile else ""), k, v)
+        for k, v in side.get("skipped", {}).items():
+            res.skip(f"{sec}/{k}", v)
+
+
+# ----------------------------------------------------------------------------- main
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument(
+        "--parts", default=",".join(PARTS), help=f"comma list, in this order of priority: {PARTS}"
+    )
+    ap.add_argument("--presets", default="pi0,pi05")
+    ap.add_argument("--batches", default="1,4,16")
+    ap.add_argument("--train-batches", default="32,24,16,8", help="tried in order until one fits")
+    ap.add_argument("--repeats", type=int, default=20)
+    ap.add_argument("--train-steps", type=int, default=5)
+    ap.add_argument(
+        "--budget-s", type=float, default=510, help="wall budget; parts that do not fit are skipped"
+    )
+    ap.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU: checks the script only")
+    ap.add_argument("--lerobot", action="store_true", help="only the LeRobot side (= --parts lerobot)")
+    ap.add_argument("--lerobot-python", default=None, help="an existing python with lerobot (skip the venv)")
+    ap.add_argument("--lerobot-venv", default="/tmp/lerobot-venv")
+    ap.add_argument("--lerobot-out", default="/tmp/lerobot_side.json")
+    ap.add_argument("--out", default=None, help="results path (default bench/results/latency_cuda.json)")
+    args = ap.parse_args()
+    cuda = torch.cuda.is_available()
+    if not cuda and not args.smoke:
+        raise SystemExit("no CUDA device: this bench measures a GPU (use --smoke to check it on a CPU)")
+    args.device = "cuda" if cuda and not args.smoke else "cpu"
+    args.batches = [int(b) for b in args.batches.split(",")]
+    args.train_batches = [int(b) for b in args.train_batches.split(",")]
+    parts = ["lerobot"] if args.lerobot else args.parts.split(",")
+    if bad := set(parts) - set(PARTS):
+        raise SystemExit(f"unknown parts {sorted(bad)}; choose from {PARTS}")
+    if args.smoke:
+        args.batches, args.train_batches = [1, 2], [2]
+        args.repeats, args.train_steps = min(args.repeats, 3), min(args.train_steps, 2)
+        torch.set_num_threads(min(2, torch.get_num_threads()))
+    default = RESULTS / ("latency_gpu_smoke.json" if args.smoke else "latency_cuda.json")
+    res = Results(Path(args.out) if args.out else default, args.smoke)
+    res.data["command"] = " ".join(sys.argv)
+    if cuda:
+        torch.backends.cuda.matmul.allow_tf32 = True  # fp32 work in the baseline; bf16 unaffected
+        res.data["environment"]["cuda"] = torch.version.cuda
+    budget = Budget(args.budget_s)
+    presets = args.presets.split(",")
+    for part in PARTS:  # priority order, whatever order --parts lists them in
+        if part not in parts:
+            continue
+        log(f"== {part} ({budget.left():.0f} s left)")
+        if budget.left() < 30:
+            res.skip(part, f"budget: {budget.left():.0f} s left")
+            continue
+        if part in ("infer", "compile"):
+            for p in presets:
+                guarded(
+                    res,
+                    f"infer/{p}",
+                    lambda p=p, c=part == "compile": bench_inference(res, p, args, budget, c),
+                )
+        elif part == "train":
+            bench_training(res, args, budget)
+        elif part.startswith("lerobot") and args.smoke and not args.lerobot_python:
+            res.skip(part, "--smoke: LeRobot builds only full-size models (give --lerobot-python to try)")
+        else:
+            bench_lerobot(res, args, budget, compile=part == "lerobot-compile")
+    res.data["wall_s"] = round(time.perf_counter() - T0, 1)
+    res.save()
+    log(f"wrote {res.path}")
+
+
+if __name__ == "__main__":
+    if os.environ.get("PYTHONUNBUFFERED") is None:
+        sys.stdout.reconfigure(line_buffering=True)
+    main()
