@@ -384,31 +384,38 @@ def bench_training(res: Results, args, budget: Budget) -> None:
 # ----------------------------------------------------------------------------- LeRobot
 
 
-def lerobot_python(args) -> str:
-    """A venv on this machine with lerobot 0.6.1 and its pure-Python needs from .gpu_wheels/ (no
-    index), on top of the system site-packages (torch, numpy, ...). -> its python."""
+def lerobot_env(args) -> tuple[str, dict]:
+    """lerobot 0.6.1 and its pure-Python needs from .gpu_wheels/ installed with no index into a
+    folder put first on PYTHONPATH for LeRobot's process only (its transformers 5.5 then shadows
+    the image's newer one). Not a venv: the image's python3 is itself a venv, and a venv made from
+    it with --system-site-packages would see the base interpreter's packages, not its torch.
+    -> (python, environment for the subprocess)."""
+    env = dict(os.environ)
     if args.lerobot_python:
-        return args.lerobot_python
-    venv = Path(args.lerobot_venv)
-    py = venv / "bin" / "python"
-    wheels = ROOT / ".gpu_wheels"
-    if not py.exists():
-        if not list(wheels.glob("*.whl")):
-            raise RuntimeError(
-                f"no wheels in {wheels}: run scripts/gpu_wheels.sh where PyPI is reachable and carry .gpu_wheels"
-            )
-        subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], check=True)
-        cmd = [str(py), "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--find-links", str(wheels)]
-        subprocess.run(cmd + [str(w) for w in sorted(wheels.glob("*.whl"))], check=True)
-    return str(py)
+        return args.lerobot_python, env
+    site = Path(args.lerobot_site)
+    wheels = sorted((ROOT / ".gpu_wheels").glob("*.whl"))
+    if not wheels:
+        raise RuntimeError(
+            "no wheels in .gpu_wheels: run scripts/gpu_wheels.sh where PyPI is reachable, carry it"
+        )
+    if not (site / "lerobot").is_dir():
+        cmd = [sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile"]
+        cmd += ["--target", str(site), *map(str, wheels)]
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        if proc.returncode:
+            raise RuntimeError(f"pip install of .gpu_wheels failed: {proc.stderr.strip()[-600:]}")
+    env["PYTHONPATH"] = os.pathsep.join([str(site), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    env["HF_HUB_OFFLINE"] = "1"
+    return sys.executable, env
 
 
 def bench_lerobot(res: Results, args, budget: Budget, compile: bool) -> None:
-    """LeRobot's PI0Policy / PI05Policy at the same shapes, in its own venv and process (its
+    """LeRobot's PI0Policy / PI05Policy at the same shapes, in its own process (its
     transformers 5.5 must not shadow ours); bench/lerobot_side.py writes a JSON after every figure."""
     sec = "lerobot"
     try:
-        py = lerobot_python(args)
+        py, env = lerobot_env(args)
     except Exception as e:
         res.skip(f"{sec}/install", f"{type(e).__name__}: {e}")
         return
@@ -422,7 +429,7 @@ def bench_lerobot(res: Results, args, budget: Budget, compile: bool) -> None:
     cmd += ["--smoke"] if args.smoke else []
     log(f"LeRobot: {' '.join(cmd)}")
     try:
-        proc = subprocess.run(cmd, timeout=seconds + 5, capture_output=True, text=True)
+        proc = subprocess.run(cmd, timeout=seconds + 5, capture_output=True, text=True, env=env)
         print(proc.stdout[-6000:], proc.stderr[-6000:], sep="\n", flush=True)
         if proc.returncode:
             res.skip(f"{sec}/process", f"exit {proc.returncode}: {proc.stderr.strip()[-800:]}")
@@ -430,6 +437,8 @@ def bench_lerobot(res: Results, args, budget: Budget, compile: bool) -> None:
         res.skip(f"{sec}/process", f"killed at the budget ({seconds:.0f} s); rows written before are kept")
     if out.exists():
         side = json.loads(out.read_text())
+        if "versions" in side:
+            res.put(sec, "versions", side["versions"])
         for k, v in side.get("rows", {}).items():
             res.put(sec + ("-compile" if compile else ""), k, v)
         for k, v in side.get("skipped", {}).items():
@@ -454,8 +463,10 @@ def main() -> None:
     )
     ap.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU: checks the script only")
     ap.add_argument("--lerobot", action="store_true", help="only the LeRobot side (= --parts lerobot)")
-    ap.add_argument("--lerobot-python", default=None, help="an existing python with lerobot (skip the venv)")
-    ap.add_argument("--lerobot-venv", default="/tmp/lerobot-venv")
+    ap.add_argument(
+        "--lerobot-python", default=None, help="a python that imports lerobot already (skip the install)"
+    )
+    ap.add_argument("--lerobot-site", default="/tmp/lerobot-site", help="where .gpu_wheels are installed")
     ap.add_argument("--lerobot-out", default="/tmp/lerobot_side.json")
     ap.add_argument("--out", default=None, help="results path (default bench/results/latency_cuda.json)")
     args = ap.parse_args()
@@ -496,8 +507,6 @@ def main() -> None:
                 )
         elif part == "train":
             bench_training(res, args, budget)
-        elif part.startswith("lerobot") and args.smoke and not args.lerobot_python:
-            res.skip(part, "--smoke: LeRobot builds only full-size models (give --lerobot-python to try)")
         else:
             bench_lerobot(res, args, budget, compile=part == "lerobot-compile")
     res.data["wall_s"] = round(time.perf_counter() - T0, 1)

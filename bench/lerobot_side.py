@@ -1,6 +1,6 @@
 """LeRobot's side of bench/latency_gpu.py: PI0Policy / PI05Policy (lerobot 0.6.1) with random weights
-at the shapes vlastack's bench uses, timed the same way. Runs in LeRobot's own venv (made by
-latency_gpu.py from .gpu_wheels/), imports nothing from vlastack, and rewrites ``--out`` after
+at the shapes vlastack's bench uses, timed the same way. Runs in its own process with .gpu_wheels
+installed first on PYTHONPATH (by latency_gpu.py), imports nothing from vlastack, and rewrites ``--out`` after
 every figure so a run stopped at its budget keeps what it measured.
 
     python bench/lerobot_side.py --out /tmp/lr.json [--compile] [--budget-s 300]
@@ -106,6 +106,8 @@ def make_policy(kind: str, device: str, smoke: bool):
         dtype="bfloat16" if device == "cuda" else "float32",
         gradient_checkpointing=True,
     )
+    if smoke:  # the config and the inputs only: a full-size LeRobot model on a shared CPU is minutes
+        return None, config
     with torch.device(device):  # build on the GPU: random init of 3B params on the host takes minutes
         policy = Policy(config)
     return policy.to(device), config
@@ -132,7 +134,11 @@ def make_batch(kind: str, b: int, device: str, train: bool) -> dict:
 def run_kind(kind: str, args, out: Out) -> None:
     dev = args.device
     t0 = time.perf_counter()
-    policy, _ = make_policy(kind, dev, args.smoke)
+    policy, config = make_policy(kind, dev, args.smoke)
+    if policy is None:
+        batch = make_batch(kind, 1, dev, train=True)
+        out.put(f"{kind}/smoke", {"config": type(config).__name__, "inputs": sorted(batch)})
+        return
     policy.eval()
     out.put(f"{kind}/build_s", round(time.perf_counter() - t0, 1))
     out.put(f"{kind}/params", sum(p.numel() for p in policy.parameters()))
