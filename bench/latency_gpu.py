@@ -75,6 +75,8 @@ class Results:
         self.path = path
         old = json.loads(path.read_text()) if path.exists() and not smoke else {}
         self.data = old if old.get("schema") == "latency_gpu/1" else {"schema": "latency_gpu/1"}
+        if old and old.get("schema") != "latency_gpu/1":  # bench/latency.py's figures: kept, not merged
+            self.data["previous"] = old
         self.data.setdefault("sections", {})
         self.data.setdefault("skipped", {})
         self.data["environment"] = environment()
