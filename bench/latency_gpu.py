@@ -56,7 +56,7 @@ from vlastack.infer.policy import Policy  # noqa: E402
 from vlastack.models import build_model  # noqa: E402
 
 PEAK_BF16 = {"H100": 989e12, "H200": 989e12, "A100": 312e12, "4090": 165e12}
-PARTS = ("infer", "lerobot", "train", "compile", "lerobot-compile")
+PARTS = ("infer", "train", "lerobot", "compile", "lerobot-compile")
 PRESET_CAMERAS = {
     "pi0": ("base_0_rgb", "left_wrist_0_rgb", "right_wrist_0_rgb"),
     "pi05": ("base_0_rgb", "left_wrist_0_rgb"),
@@ -427,7 +427,7 @@ def bench_lerobot(res: Results, args, budget: Budget, compile: bool) -> None:
     cmd = [py, str(ROOT / "bench" / "lerobot_side.py"), "--out", str(out), "--budget-s", str(int(seconds))]
     cmd += ["--batches", ",".join(map(str, args.batches)), "--repeats", str(args.repeats)]
     cmd += ["--train-batches", ",".join(map(str, args.train_batches)), "--device", args.device]
-    cmd += ["--compile"] if compile else []
+    cmd += ["--kinds", args.lerobot_kinds] + (["--compile"] if compile else [])
     cmd += ["--smoke"] if args.smoke else []
     log(f"LeRobot: {' '.join(cmd)}")
     try:
@@ -468,6 +468,7 @@ def main() -> None:
     ap.add_argument(
         "--lerobot-python", default=None, help="a python that imports lerobot already (skip the install)"
     )
+    ap.add_argument("--lerobot-kinds", default="pi0,pi05", help="LeRobot policies to build, in order")
     ap.add_argument("--lerobot-site", default="/tmp/lerobot-site", help="where .gpu_wheels are installed")
     ap.add_argument("--lerobot-out", default="/tmp/lerobot_side.json")
     ap.add_argument("--out", default=None, help="results path (default bench/results/latency_cuda.json)")

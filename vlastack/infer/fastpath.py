@@ -370,7 +370,11 @@ class StaticSampler:
         self.inputs = {k: torch.zeros_like(v, device=dev) for k, v in batch.items() if isinstance(v, Tensor)}
         self.noise = torch.zeros(noise.shape, dtype=torch.float32, device=dev)
         self.out = torch.zeros_like(self.noise)
-        self.cache = self.head.new_cache(self.model, noise.shape[0], self.dtype, dev)
+        self.cache = self.head.new_cache(self.model, noise.shape[0], self.dtype, dev).mark_static()
+        # Fixed addresses, so torch.compile(self.run, mode="reduce-overhead") may capture the
+        # in-place writes to them (cudagraph trees refuse to for ordinary inputs).
+        for t in (*self.inputs.values(), self.noise, self.out):
+            torch._dynamo.mark_static_address(t)
 
     def load(self, batch: dict[str, Any], noise: Tensor) -> None:
         """Copy ``batch`` (model inputs, vlastack/batch.py) and ``noise`` [B, H, A] into the
