@@ -222,3 +222,14 @@ def test_cuda_graph_matches_eager(variant, compile):
         torch.testing.assert_close(got, want, atol=2e-2, rtol=2e-2)
         assert ((got - fp32).norm() / fp32.norm()).item() < 0.05
     assert graphed.graph is not None
+
+
+def test_grounded_flow_head_matches():
+    """The grounding head (the demo's) reads the prefix through the head's hooks: same parity."""
+    cfg = load_config("tiny").model
+    ref = _model("pi0", grounding=replace(cfg.grounding, points=2))
+    fast = prepare_for_inference(copy.deepcopy(ref), torch.float32)
+    batch, noise = dummy_batch(ref.cfg, 2, train=False), _noise(ref.cfg, 2)
+    with torch.inference_mode():
+        got = StaticSampler(fast)(batch, noise)
+    torch.testing.assert_close(got, ref.sample_actions(batch, noise=noise), atol=ATOL, rtol=ATOL)
