@@ -71,6 +71,8 @@ class TokenHead(HeadBase):
         if tc.decoding == "parallel":
             self.action_queries = nn.Embedding(cfg.action_horizon * cfg.action_dim, w)
         self.regression = nn.Linear(w, 1) if tc.regression_head else None
+        # pi0-FAST: LeRobot's PaliGemma keeps its LM head apart from the (text) embedding.
+        self.lm_head = nn.Linear(w, cfg.vlm.vocab_size, bias=False) if tc.sequence == "pi0_fast" else None
         self._tokenizer: ActionTokenizer | None = None
         self.end_id: int | None = None
         # pi0-FAST layout: the text ids the model writes before the FAST ids ("Action: ") and the
@@ -260,6 +262,8 @@ class TokenHead(HeadBase):
 
     def logits(self, backbone: Backbone, h: Tensor) -> Tensor:
         """Final hidden states [..., W] -> fp32 logits [..., vocab (+ new rows)]."""
+        if self.lm_head is not None:
+            return (h @ self.lm_head.weight.t().to(h.dtype)).float()
         out = backbone.decoder.logits(h)
         if self.new_rows is None:
             return out
