@@ -167,11 +167,15 @@ def patch_lerobot(tokenizer_dir: Path, fast_dir: Path) -> None:
         def from_pretrained(name, *args, **kwargs):
             if name != FAST_NAME:
                 raise ValueError(f"unexpected action tokenizer {name!r}")
-            return UniversalActionProcessor.from_pretrained_local(str(fast_dir))
+            return UniversalActionProcessor.from_pretrained_local(str(FAST_DIR[0]))
 
     for m in (mod, tokenizer_processor):
         m.AutoTokenizer = OfflineAutoTokenizer
         m.AutoProcessor = OfflineAutoProcessor
+    FAST_DIR[0] = fast_dir
+
+
+FAST_DIR: list[Path] = [Path()]  # where OfflineAutoProcessor reads (the export check repoints it)
 
 
 def make_stats(seed: int) -> dict[str, dict[str, torch.Tensor]]:
@@ -277,9 +281,34 @@ def fit(policy, processed: dict, steps: int = 600) -> int:
 
 
 @torch.no_grad()
+def first_logits(policy, processed: dict) -> torch.Tensor:
+    """The logits of the first generated token: the prefill of sample_actions_fast_kv_cache."""
+    from lerobot.policies.common.vla_utils import prepare_attention_masks_4d
+    from lerobot.utils.constants import OBS_LANGUAGE_ATTENTION_MASK, OBS_LANGUAGE_TOKENS
+
+    m = policy.model
+    images, img_masks = policy._preprocess_images(processed)
+    tokens, masks = processed[OBS_LANGUAGE_TOKENS], processed[OBS_LANGUAGE_ATTENTION_MASK].bool()
+    b = tokens.shape[0]
+    tokens = torch.cat([tokens, torch.full((b, 1), policy._paligemma_tokenizer.bos_token_id)], 1)
+    masks = torch.cat([masks, torch.ones(b, 1, dtype=torch.bool)], 1)
+    embs, pad, att, _, _ = m.embed_prefix_fast(images, img_masks, tokens, masks)
+    (out, _), _ = m.paligemma_with_expert.forward(
+        attention_mask=prepare_attention_masks_4d(att, dtype=embs.dtype),
+        position_ids=torch.cumsum(pad, dim=1) - 1,
+        past_key_values=None,
+        inputs_embeds=[embs, None],
+        use_cache=False,
+        adarms_cond=[None, None],
+    )
+    return m.paligemma_with_expert.paligemma.lm_head(out[:, -1])
+
+
+@torch.no_grad()
 def decode(policy, processed: dict) -> dict:
     from lerobot.utils.constants import OBS_LANGUAGE_ATTENTION_MASK, OBS_LANGUAGE_TOKENS
 
+    logits = first_logits(policy, processed)
     images, img_masks = policy._preprocess_images(processed)
     tokens = policy.model.sample_actions_fast_kv_cache(
         images,
@@ -292,7 +321,7 @@ def decode(policy, processed: dict) -> dict:
     # the third (unseen) row need not start with "Action:"; LeRobot's check is for all rows
     policy.config.validate_action_token_prefix = False
     normalized = policy.predict_action_chunk(processed)
-    return {"tokens": tokens, "normalized": normalized, "image": images[0]}
+    return {"tokens": tokens, "normalized": normalized, "image": images[0], "logits": logits}
 
 
 def run(out: Path, tok_dir: Path, fast_dir: Path, seed: int) -> None:
@@ -335,6 +364,7 @@ def run(out: Path, tok_dir: Path, fast_dir: Path, seed: int) -> None:
         "pre.image": got["image"],
         "pre.action_tokens": processed[ACTION_TOKENS][:FIT_ROWS],
         "pre.action_token_mask": processed[ACTION_TOKEN_MASK][:FIT_ROWS].bool(),
+        "out.first_logits": got["logits"],
         "out.tokens": got["tokens"],
         "out.normalized_actions": got["normalized"],
         "out.actions": final,
@@ -385,8 +415,59 @@ def main() -> None:
             run(args.out, tok_dir, fast_dir, args.seed)
 
 
+PERTURB = 0.02  # small enough that the perturbed model still writes valid FAST sequences
+
+
+@torch.no_grad()
+def perturb(model: torch.nn.Module, seed: int) -> None:
+    """A stand-in for fine-tuning (tests/models/test_pi0_fast_parity.py does the same)."""
+    g = torch.Generator().manual_seed(seed)
+    for p in model.parameters():
+        p.add_(torch.randn(p.shape, generator=g) * PERTURB)
+
+
 def run_export(out: Path, seed: int) -> None:
-    raise NotImplementedError
+    """vla import -> perturb -> vla export-lerobot -> LeRobot loads it strictly -> freeze its outputs."""
+    from safetensors.torch import load_file, save_file
+
+    sys.path.insert(0, str(ROOT))
+    from lerobot.policies.factory import make_pre_post_processors
+    from lerobot.policies.pi0_fast.modeling_pi0_fast import PI0FastPolicy
+
+    from vlastack.infer.export_lerobot import export_lerobot
+    from vlastack.infer.external import import_checkpoint
+    from vlastack.models.vla import VLA
+
+    src = out / "pi0_fast"
+    meta = json.loads((src / "io.json").read_text())
+    with tempfile.TemporaryDirectory() as tmp:
+        ours = import_checkpoint(src, Path(tmp) / "ours", meta["overrides"])
+        model = VLA.from_pretrained(ours)
+        perturb(model, seed)
+        model.save_pretrained(ours)
+        exported = export_lerobot(ours, Path(tmp) / "exported")
+        FAST_DIR[0] = exported / "fast_tokenizer"  # LeRobot reads the processor files we wrote
+        policy = PI0FastPolicy.from_pretrained(exported, strict=True).eval()
+        written = load_file(str(exported / "model.safetensors"))
+        loaded = policy.state_dict()
+        assert set(written) == set(loaded), sorted(set(written) ^ set(loaded))[:10]
+        for k, v in written.items():
+            assert torch.equal(v, loaded[k]), f"LeRobot did not load {k}"
+        pre, post = make_pre_post_processors(policy.config, pretrained_path=str(exported))
+        io = load_file(str(src / "io.safetensors"))
+        raw = {
+            CAMERAS[0]: io["raw.image"],
+            "observation.state": io["raw.state"],
+            "task": list(meta["prompts"]),
+        }
+        got = decode(policy, pre(raw))
+        final = post(got["normalized"].clone())
+    tensors = {"out.first_logits": got["logits"], "out.tokens": got["tokens"],
+               "out.normalized_actions": got["normalized"], "out.actions": final}  # fmt: skip
+    save_file({k: x.contiguous() for k, x in tensors.items()}, str(src / "export_io.safetensors"))
+    meta["export"] = {"perturb_seed": seed, "perturb_scale": PERTURB, "lerobot_loaded_strictly": True}
+    (src / "io.json").write_text(json.dumps(meta, indent=2) + "\n")
+    print(f"LeRobot loaded the vlastack export strictly; tokens {got['tokens'].tolist()}")
 
 
 if __name__ == "__main__":

@@ -145,3 +145,51 @@ def test_fast_tokenizer_is_found_or_named(tmp_path, monkeypatch):
     )
     with pytest.raises(ValueError, match="time_horizon=9 but the checkpoint predicts 5"):
         load_parts(out, META["overrides"])
+
+
+@torch.no_grad()
+def test_first_token_logits_match_lerobot(parts):
+    batch = parts.pipeline.build_batch(_obs(), parts.tokenizer)
+    _, logits, _, _ = parts.model.head.prefill(parts.model, batch)
+    assert (logits - IO["out.first_logits"]).abs().max() <= 1e-4
+
+
+@torch.no_grad()
+def _perturb(model: torch.nn.Module, seed: int, scale: float) -> None:
+    """scripts/make_pi0_fast_fixture.py's ``perturb``: a stand-in for fine-tuning."""
+    g = torch.Generator().manual_seed(seed)
+    for p in model.parameters():
+        p.add_(torch.randn(p.shape, generator=g) * scale)
+
+
+def test_export_lerobot_reproduces_our_decoding_in_lerobot(tmp_path):
+    """import -> perturb -> `vla export-lerobot`: the real lerobot loaded that folder strictly (and
+    our FAST processor files); its logits, tokens and actions (export_io.safetensors) equal ours;
+    re-importing the export is lossless."""
+    from vlastack.cli import main
+    from vlastack.models.vla import VLA
+
+    ours = import_checkpoint(FOLDER, tmp_path / "ours", META["overrides"])
+    model = VLA.from_pretrained(ours)
+    _perturb(model, META["export"]["perturb_seed"], META["export"]["perturb_scale"])
+    model.save_pretrained(ours)
+    want = load_file(str(FOLDER / "export_io.safetensors"))
+    policy = Policy.from_pretrained(ours)
+    batch = policy.preprocess.build_batch(_obs(), policy.tokenizer)
+    with torch.no_grad():
+        _, logits, _, _ = model.head.prefill(model, batch)
+        ids, _ = model.head.generate(model, batch)
+    assert (logits - want["out.first_logits"]).abs().max() <= 1e-4
+    end = model.head.end_id
+    assert _until_end(ids, end) == _until_end(want["out.tokens"], end)
+    replies = policy.infer_results(_obs())
+    ok = [r["valid"] for r in replies]
+    assert ok[:FITTED] == [True] * FITTED  # the small perturbation kept the fitted rows decodable
+    got = np.stack([r["actions"] for r in replies])
+    assert np.abs(got[:FITTED] - want["out.actions"][:FITTED].numpy()).max() <= 1e-4
+    assert main(["export-lerobot", str(ours), "--out", str(tmp_path / "exported")]) == 0
+    back = load_parts(tmp_path / "exported", META["overrides"])
+    for k, v in model.state_dict().items():
+        assert torch.equal(v, back.model.state_dict()[k]), k
+    again = Policy.from_pretrained(tmp_path / "exported", overrides=tuple(META["overrides"]))
+    assert np.abs(again.infer_checked(_obs())[:FITTED] - got[:FITTED]).max() <= 1e-6

@@ -24,6 +24,7 @@ from vlastack.models.action_tokens.base import ActionTokenizer, TokenPlacement
 from vlastack.models.action_tokens.fast import dct_matrix
 
 BPE_FILE = "pi_fast_bpe.json"
+DEFAULT_NAME = "lerobot/fast-action-tokenizer"
 PROCESSOR_FILES = ("processor_config.json", "tokenizer.json")
 
 
@@ -42,6 +43,7 @@ class PiFastTokenizer(ActionTokenizer):
         scale: float,
         min_token: int,
         bpe: Tokenizer,
+        name: str = DEFAULT_NAME,
     ) -> None:
         super().__init__(horizon, action_dim, placement)
         if scale <= 0:
@@ -49,11 +51,17 @@ class PiFastTokenizer(ActionTokenizer):
         if bpe.get_vocab_size() > placement.n:
             raise ValueError(f"BPE vocabulary ({bpe.get_vocab_size()}) exceeds the placement ({placement.n})")
         self.scale, self.min_token, self._bpe = float(scale), int(min_token), bpe
+        self.name = name  # the processor's Hub id / path in the checkpoint's config (for export)
         self._dct = dct_matrix(self.horizon)
 
     @classmethod
     def from_processor(
-        cls, folder: str | Path, horizon: int, action_dim: int, placement_for: Callable[[int], TokenPlacement]
+        cls,
+        folder: str | Path,
+        horizon: int,
+        action_dim: int,
+        placement_for: Callable[[int], TokenPlacement],
+        name: str = DEFAULT_NAME,
     ) -> PiFastTokenizer:
         """A FAST processor folder (``AutoProcessor.from_pretrained``'s files). ``placement_for(n)``
         -> the ``TokenPlacement`` of ``n`` BPE ids in the LM vocabulary."""
@@ -71,9 +79,8 @@ class PiFastTokenizer(ActionTokenizer):
                     f"{folder}/processor_config.json: {key}={meta[key]} but the checkpoint predicts {want}"
                 )
         bpe = Tokenizer.from_file(str(folder / "tokenizer.json"))
-        return cls(
-            horizon, action_dim, placement_for(bpe.get_vocab_size()), meta["scale"], meta["min_token"], bpe
-        )
+        n = bpe.get_vocab_size()
+        return cls(horizon, action_dim, placement_for(n), meta["scale"], meta["min_token"], bpe, name)
 
     @property
     def bpe_vocab_size(self) -> int:
@@ -104,7 +111,7 @@ class PiFastTokenizer(ActionTokenizer):
         return self._dct.T @ (q / self.scale)
 
     def _state(self) -> dict:
-        return {"scale": self.scale, "min_token": self.min_token, "bpe_file": BPE_FILE}
+        return {"scale": self.scale, "min_token": self.min_token, "bpe_file": BPE_FILE, "name": self.name}
 
     def save(self, directory: str | Path) -> Path:
         d = super().save(directory)
@@ -131,4 +138,7 @@ class PiFastTokenizer(ActionTokenizer):
         if not path.is_file():
             raise ValueError(f"pi0-FAST tokenizer in {directory} is missing its BPE file {path.name}")
         bpe = Tokenizer.from_file(str(path))
-        return cls(meta["horizon"], meta["action_dim"], placement, meta["scale"], meta["min_token"], bpe)
+        name = meta.get("name", DEFAULT_NAME)
+        return cls(
+            meta["horizon"], meta["action_dim"], placement, meta["scale"], meta["min_token"], bpe, name
+        )

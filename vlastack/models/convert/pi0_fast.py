@@ -41,8 +41,9 @@ def attach_tokenizers(model: torch.nn.Module, folder: str | Path, meta: dict, te
     def placement(n: int) -> TokenPlacement:
         return TokenPlacement("skip_special", n, v, range(v - skip, v))
 
+    name = meta.get("action_tokenizer_name") or "lerobot/fast-action-tokenizer"
     tok = PiFastTokenizer.from_processor(
-        find_fast_processor(folder, meta), cfg.action_horizon, action_dim, placement
+        find_fast_processor(folder, meta), cfg.action_horizon, action_dim, placement, name
     )
     end = text.sp.piece_to_id(END_PIECE)
     if text.sp.id_to_piece(end) != END_PIECE:
