@@ -193,3 +193,30 @@ def test_export_lerobot_reproduces_our_decoding_in_lerobot(tmp_path):
         assert torch.equal(v, back.model.state_dict()[k]), k
     again = Policy.from_pretrained(tmp_path / "exported", overrides=tuple(META["overrides"]))
     assert np.abs(again.infer_checked(_obs())[:FITTED] - got[:FITTED]).max() <= 1e-6
+
+
+def test_fine_tune_from_imported_pi0_fast(tmp_path):
+    """`vla import` writes train.yaml; training starts from the imported weights and keeps the
+    checkpoint's FAST tokenizer and sequence ("Action: " FAST "|"), and the result loads as a policy."""
+    from tests.train.train_helpers import FakeDataset
+    from vlastack.config import apply_overrides, load_yaml
+    from vlastack.train.trainer import Trainer
+
+    out = import_checkpoint(FOLDER, tmp_path / "imported", META["overrides"])
+    cfg = load_yaml(out / "train.yaml")
+    ov = ["train.steps=2", "train.batch_size=2", "train.precision=fp32", "train.warmup_steps=1",
+          "train.save_every=100", "train.num_threads=2", "data.num_workers=0"]  # fmt: skip
+    cfg = apply_overrides(cfg, ov)
+    data = FakeDataset(cfg, n=4)
+    data.b["action_dim_mask"][:, 7:] = False  # the checkpoint's 7 action dims
+    tr = Trainer(cfg, run_dir=tmp_path / "run", dataset=data)
+    head = tr.model.head
+    assert head.tokenizer.kind == "pi_fast" and head.prefix_ids == [6, 7, 8]
+    batch = next(iter(torch.utils.data.DataLoader(data, batch_size=2)))
+    ids, weight, _ = head.targets(batch)
+    assert ids[:, :3].tolist() == [[6, 7, 8]] * 2 and (ids[:, 3:][weight[:, 3:] > 0] != 5).sum() > 0
+    tr.fit()
+    policy = Policy.from_pretrained(tmp_path / "run" / "final")
+    obs = {"images": {"base_0_rgb": np.zeros((24, 40, 3), np.uint8)}, "state": np.zeros(32, np.float32),
+           "prompt": "pick up the red block"}  # fmt: skip
+    assert policy.infer(obs)["actions"].shape == (5, 32)

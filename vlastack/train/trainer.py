@@ -146,6 +146,7 @@ class Trainer:
             if init.cfg != cfg.model:
                 raise ValueError(f"train.init_from={t.init_from}: its model config differs from model.*")
             model.load_state_dict(init.state_dict())
+            model.head.copy_extra_from(init.head)  # e.g. the checkpoint's action tokenizer
         model.head.prepare(dataset)  # e.g. the token head fits its action tokenizer
         self.frozen_parts = freeze_parts(model, t)
         if t.lora_rank > 0:

@@ -196,14 +196,20 @@ class TokenHead(HeadBase):
 
     def prepare(self, dataset: Any, max_chunks: int = 10_000) -> None:
         """Fit (FAST) or size (bins) the action tokenizer on the first ``max_chunks`` training
-        chunks, in dataset order, so every rank and every resume fits the same tokenizer."""
+        chunks, in dataset order, so every rank and every resume fits the same tokenizer. A tokenizer
+        already attached (fine-tuning from a checkpoint, e.g. an imported pi0-FAST) is kept: its
+        token ids are what the weights learned."""
+        if self._tokenizer is not None:
+            return
         loader = torch.utils.data.DataLoader(dataset, batch_size=256, shuffle=False, num_workers=0)
         self.fit_tokenizer_from_batches(loader, max_chunks=max_chunks)
 
     def copy_extra_from(self, other: ActionHead) -> None:
         """The fitted action tokenizer is saved with the weights: carry it to an exported copy."""
         assert isinstance(other, TokenHead)
-        self.end_id = other.end_id
+        if other._tokenizer is None:
+            return  # nothing fitted or loaded yet (bins build the same one lazily)
+        self.end_id, self.bos_id, self.prefix_ids = other.end_id, other.bos_id, list(other.prefix_ids)
         self.attach_tokenizer(other.tokenizer)
 
     def check_exportable(self) -> None:
@@ -298,7 +304,8 @@ class TokenHead(HeadBase):
             )
         is_pad = batch["action_is_pad"]
         acts = torch.where(dim_mask[:, None, :], batch["actions"].float(), 0.0)
-        acts = hold_last_step(acts, is_pad)[:, :, :ad].clamp(-1, 1)
+        acts = hold_last_step(acts, is_pad)[:, :, :ad]
+        acts = acts.clamp(-1, 1) if tok.clip_output else acts  # pi0-FAST (MEAN_STD) is not clipped
         b = is_pad.shape[0]
         if tok.fixed_length is not None:  # bins, in torch (same formula as BinTokenizer, fp64)
             nb = tok.num_bins
@@ -307,6 +314,8 @@ class TokenHead(HeadBase):
             weight = (~is_pad)[:, :, None] & dim_mask[:, None, :ad]
             return ids, weight.reshape(b, -1).float(), acts
         seqs = tok.encode_batch(acts.detach().cpu().numpy())
+        if self.prefix_ids:  # pi0-FAST writes "Action: " before the FAST ids
+            seqs = [np.concatenate([np.asarray(self.prefix_ids, dtype=np.int64), s]) for s in seqs]
         length = self.num_steps
         ids = torch.full((b, length), self.end_id, dtype=torch.long)
         weight = torch.zeros(b, length)
