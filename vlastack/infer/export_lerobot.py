@@ -1,7 +1,8 @@
-"""``vla export-lerobot``: write a vlastack pi0 / pi05 policy folder as a LeRobot ``pretrained_model``
-folder that ``PI0Policy`` / ``PI05Policy.from_pretrained(strict=True)`` and
-``make_pre_post_processors(pretrained_path=...)`` load (checked against lerobot 0.6.1 by
-scripts/make_lerobot_fixtures.py --export).
+"""``vla export-lerobot``: write a vlastack pi0 / pi05 policy folder (or an imported pi0-FAST token
+head) as a LeRobot ``pretrained_model`` folder that ``PI0Policy`` / ``PI05Policy`` /
+``PI0FastPolicy.from_pretrained(strict=True)`` and ``make_pre_post_processors(pretrained_path=...)``
+load (checked against lerobot 0.6.1 by scripts/make_lerobot_fixtures.py --export and
+scripts/make_pi0_fast_fixture.py --export).
 
 Norm stats: a folder from ``vla import`` carries LeRobot's exact ones (``lerobot_pipeline.json``);
 a vlastack-trained folder's ``norm_stats.json`` maps mean_std -> MEAN_STD, quantiles -> QUANTILES,
