@@ -148,3 +148,13 @@ def test_decode_step_compiles_fullgraph_with_sampling(fast_model):
             h.decode_step = step
             dynamo.reset()
     assert torch.equal(compiled, eager)
+
+
+def test_server_metrics_count_token_chunks():
+    from vlastack.infer.metrics import Metrics
+
+    stats = {"chunks": 5, "invalid": 2, "repeated": 1}
+    text = Metrics(decode_stats=lambda: stats).render()
+    assert 'vla_token_chunks_total{result="invalid"} 2' in text
+    assert 'vla_token_chunks_total{result="repeated"} 1' in text
+    assert "vla_token_chunks_total" not in Metrics().render()
