@@ -220,3 +220,20 @@ def test_fine_tune_from_imported_pi0_fast(tmp_path):
     obs = {"images": {"base_0_rgb": np.zeros((24, 40, 3), np.uint8)}, "state": np.zeros(32, np.float32),
            "prompt": "pick up the red block"}  # fmt: skip
     assert policy.infer(obs)["actions"].shape == (5, 32)
+
+
+def test_prefix_rule_follows_validate_action_token_prefix(parts):
+    """LeRobot asserts that a sequence starts with "Action: " (validate_action_token_prefix, default
+    true): without it we flag the row; with the check off the prefix is only removed, as LeRobot does."""
+    head = parts.model.head
+    row = _until_end(IO["out.tokens"][:1], head.end_id)[0]
+    bare = torch.tensor([row[3:] + [head.end_id] * 3])
+    n = torch.tensor([len(row) - 4])
+    _, valid = head.decode_actions(bare, n)
+    assert head.require_prefix and not valid.any()
+    head.require_prefix = False
+    try:
+        actions, valid = head.decode_actions(bare, n)
+    finally:
+        head.require_prefix = True
+    assert valid.all() and (actions[0, :, :7] - IO["out.normalized_actions"][0]).abs().max() <= 1e-5

@@ -219,7 +219,7 @@ def _export_pi0_fast(model: VLA, folder: Path, out: Path) -> Path:
         "max_action_tokens": cfg.tokens.max_action_tokens, "image_resolution": [s, s],
         "tokenizer_max_length": cfg.max_text_len, "text_tokenizer_name": TOKENIZER,
         "action_tokenizer_name": tok.name, "temperature": cfg.tokens.temperature,
-        "max_decoding_steps": steps, "fast_skip_tokens": skip, "validate_action_token_prefix": True,
+        "max_decoding_steps": steps, "fast_skip_tokens": skip, "validate_action_token_prefix": head.require_prefix,
         "use_kv_cache": True, "normalization_mapping": norm_map,
     }  # fmt: skip
     (out / "config.json").write_text(json.dumps(config, indent=4))

@@ -53,4 +53,5 @@ def attach_tokenizers(model: torch.nn.Module, folder: str | Path, meta: dict, te
     head = model.head
     head.end_id, head.bos_id = end, text.bos_id
     head.prefix_ids = text.encode(ACTION_PREFIX, bos=False)
+    head.require_prefix = bool(meta.get("validate_action_token_prefix", True))
     head.attach_tokenizer(tok)

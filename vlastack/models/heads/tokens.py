@@ -79,6 +79,7 @@ class TokenHead(HeadBase):
         # id that closes the prompt block (<bos>); set with the tokenizer (save_extra/load_extra).
         self.prefix_ids: list[int] = []
         self.bos_id: int | None = None
+        self.require_prefix = True  # a sequence not starting with the prefix is invalid
 
     # ------------------------------------------------------------------ tokenizer
 
@@ -210,6 +211,7 @@ class TokenHead(HeadBase):
         if other._tokenizer is None:
             return  # nothing fitted or loaded yet (bins build the same one lazily)
         self.end_id, self.bos_id, self.prefix_ids = other.end_id, other.bos_id, list(other.prefix_ids)
+        self.require_prefix = other.require_prefix
         self.attach_tokenizer(other.tokenizer)
 
     def check_exportable(self) -> None:
@@ -224,7 +226,8 @@ class TokenHead(HeadBase):
         if self._tokenizer is None and self.cfg.tokens.tokenizer != "bins":
             return  # an unfitted FAST head has nothing to save
         d = self.tokenizer.save(Path(path) / TOKENIZER_DIR)
-        ids = {"end_id": self.end_id, "prefix_ids": self.prefix_ids, "bos_id": self.bos_id}
+        ids = {"end_id": self.end_id, "prefix_ids": self.prefix_ids, "bos_id": self.bos_id,
+               "require_prefix": self.require_prefix}  # fmt: skip
         (d / HEAD_FILE).write_text(json.dumps(ids) + "\n")
 
     def load_extra(self, path: Path) -> None:
@@ -234,6 +237,7 @@ class TokenHead(HeadBase):
             ids = json.loads((d / HEAD_FILE).read_text())
             self.end_id, self.bos_id = ids["end_id"], ids.get("bos_id")
             self.prefix_ids = list(ids.get("prefix_ids", []))
+            self.require_prefix = bool(ids.get("require_prefix", True))
             self.attach_tokenizer(load_action_tokenizer(d))
 
     # ------------------------------------------------------------------ embeddings
@@ -475,7 +479,7 @@ class TokenHead(HeadBase):
     def decode_actions(self, ids: Tensor, lengths: Tensor) -> tuple[Tensor, Tensor]:
         """LM ids [B, T] + lengths [B] -> (actions fp32 [B, H, A] with padded dims 0, valid bool [B]).
         pi0-FAST: every "Action: " prefix is removed first (as LeRobot does); a row that does not
-        start with it is invalid (LeRobot asserts)."""
+        start with it is invalid (LeRobot asserts) unless ``require_prefix`` is off."""
         tok = self.tokenizer
         b, c = ids.shape[0], self.cfg
         out = torch.zeros(b, c.action_horizon, c.action_dim, device=ids.device)
@@ -489,6 +493,7 @@ class TokenHead(HeadBase):
             started = np.ones(b, dtype=bool)
             if self.prefix_ids:
                 rows, lens, started = strip_prefix(rows, lens, self.prefix_ids)
+                started |= not self.require_prefix
             chunk, valid = tok.decode_batch(rows, lens)
             chunk, valid = torch.from_numpy(chunk), torch.from_numpy(valid & started)
             chunk, valid = (chunk * valid[:, None, None]).to(ids.device), valid.to(ids.device)
