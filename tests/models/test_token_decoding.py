@@ -158,3 +158,15 @@ def test_server_metrics_count_token_chunks():
     assert 'vla_token_chunks_total{result="invalid"} 2' in text
     assert 'vla_token_chunks_total{result="repeated"} 1' in text
     assert "vla_token_chunks_total" not in Metrics().render()
+
+
+def test_policy_decoding_options_override_the_config(fast_model, tmp_path):
+    """Policy(decoding=...) / `vla serve --decode KEY=VALUE`: checked like config keys."""
+    m, _ = fast_model
+    m.save_pretrained(tmp_path / "p")
+    p = Policy.from_pretrained(tmp_path / "p", decoding={"top_p": "0.5", "invalid_decode": "repeat_last"})
+    assert p.cfg.tokens.top_p == 0.5 and p.model.head.cfg is p.cfg and p.invalid_decode == "repeat_last"
+    with pytest.raises(ValueError, match="unknown decoding option"):
+        Policy.from_pretrained(tmp_path / "p", decoding={"beam": 4})
+    with pytest.raises(ConfigError, match="top_p"):
+        Policy.from_pretrained(tmp_path / "p", decoding={"top_p": 2})

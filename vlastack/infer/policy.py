@@ -44,6 +44,25 @@ def _stat_dim(normalizer: Normalizer, key: str, default: int) -> int:
     return int(np.asarray(next(iter(stats.values()))).reshape(-1).shape[0])
 
 
+DECODING_KEYS = ("temperature", "top_p", "max_decode_steps", "invalid_decode", "constrained")
+
+
+def set_decoding(model: torch.nn.Module, options: dict[str, Any]) -> None:
+    """Change a token head's decoding options (``model.tokens.<key>``, one of ``DECODING_KEYS``;
+    values may be strings, as from ``vla serve --decode top_p=0.9``), checked like any config key."""
+    from vlastack.config import Config, EvalConfig, apply_overrides
+
+    cfg = model.cfg
+    if cfg.head != "tokens":
+        raise ValueError(f"decoding options apply to token heads (model.head=tokens), not {cfg.head!r}")
+    bad = sorted(set(options) - set(DECODING_KEYS))
+    if bad:
+        raise ValueError(f"unknown decoding option(s) {bad}; known: {list(DECODING_KEYS)}")
+    top = Config(model=cfg, eval=EvalConfig(steps_per_chunk=min(8, cfg.action_horizon)))
+    new = apply_overrides(top, [f"model.tokens.{k}={v}" for k, v in options.items()]).model
+    model.cfg = model.head.cfg = new
+
+
 class Policy:
     """A VLA + normalizer + tokenizer. Thread-safe: one forward pass at a time (``self.lock``)."""
 
@@ -61,10 +80,13 @@ class Policy:
         default_prompt: str = "",
         seed: int | None = None,
         preprocess: Any = None,
+        decoding: dict[str, Any] | None = None,
     ) -> None:
         if dtype not in (None, "fp32", "bf16"):
             raise ValueError(f"dtype must be None, 'fp32' or 'bf16', got {dtype!r}")
         self.model = model.eval()
+        if decoding:
+            set_decoding(model, decoding)
         self.cfg: ModelConfig = model.cfg
         self.device = torch.device(device)
         self.normalizer = normalizer or identity_normalizer()
