@@ -268,6 +268,10 @@ class ModelConfig:
     action_dim: int = 32
     state_dim: int = 32
     camera_names: tuple[str, ...] = ("base_0_rgb", "left_wrist_0_rgb", "right_wrist_0_rgb")
+    # How a camera image becomes image_size x image_size, in training and serving alike: "stretch"
+    # (bilinear to the square) or "pad" (openpi/LeRobot resize-with-pad: aspect ratio kept, black
+    # borders), which imported Pi0/Pi0.5 checkpoints were pretrained with.
+    image_resize: str = "stretch"
     max_text_len: int = 48
     num_denoise_steps: int = 10
     # Sampling temperature: the flow starts from noise_scale * N(0, I). 1 samples the learned
@@ -289,6 +293,11 @@ class ModelConfig:
         _positive(self, "action_horizon", "action_dim", "state_dim", "max_text_len", "num_denoise_steps")
         _check(len(self.camera_names) > 0, "camera_names", "needs at least one camera")
         _check(len(set(self.camera_names)) == len(self.camera_names), "camera_names", "names must be unique")
+        _check(
+            self.image_resize in ("stretch", "pad"),
+            "image_resize",
+            f"must be 'stretch' or 'pad', got {self.image_resize!r}",
+        )
         e, v = self.expert, self.vlm
         for k in ("heads", "kv_heads", "head_dim", "depth"):
             _check(
@@ -304,6 +313,11 @@ class ModelConfig:
             "grounding feeds the state token, which variant='pi05' does not have: set grounding.points=0",
         )
         if g.points:
+            _check(
+                not g.attend_weight or self.image_resize == "stretch",
+                "grounding.attend_weight",
+                "the recorded image positions assume image_resize='stretch'",
+            )
             _check(
                 self.head == "flow",
                 "grounding.points",
@@ -371,6 +385,10 @@ class DataConfig:
     pin_memory: bool = True
     persistent_workers: bool = True
     norm: NormConfig = field(default_factory=NormConfig)
+    # Where the state/action statistics come from: "dataset" (computed from this dataset, with the
+    # modes of data.norm) or "init_from" (kept from the train.init_from checkpoint, formulas included:
+    # fine-tuning on data from the robot the checkpoint was trained for).
+    norm_stats: str = "dataset"
     # Image augmentation (plain torch, on uint8).
     random_crop_scale: float = 1.0  # 1.0 = off; e.g. 0.9 keeps 90% of the area
     color_jitter: float = 0.0
@@ -381,6 +399,11 @@ class DataConfig:
         _positive(self, "shuffle_buffer", "prefetch_factor")
         _check(0 < self.random_crop_scale <= 1, "random_crop_scale", "must be in (0, 1]")
         _check(0 <= self.color_jitter < 1, "color_jitter", "must be in [0, 1)")
+        _check(
+            self.norm_stats in ("dataset", "init_from"),
+            "norm_stats",
+            f"must be 'dataset' or 'init_from', got {self.norm_stats!r}",
+        )
 
 
 @dataclass(frozen=True)
@@ -470,6 +493,11 @@ class Config:
             self.eval.steps_per_chunk <= self.model.action_horizon,
             "eval.steps_per_chunk",
             f"({self.eval.steps_per_chunk}) cannot exceed model.action_horizon ({self.model.action_horizon})",
+        )
+        _check(
+            self.data.norm_stats == "dataset" or bool(self.train.init_from),
+            "data.norm_stats",
+            "'init_from' keeps the statistics of train.init_from's checkpoint: set train.init_from",
         )
 
 

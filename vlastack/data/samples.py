@@ -33,6 +33,7 @@ from vlastack.config import Config
 from vlastack.data.reader import LeRobotDataset
 from vlastack.data.stats import Normalizer
 from vlastack.data.transforms import augment as augment_images
+from vlastack.data.transforms import fit_image
 from vlastack.models.prompt import tokenize_prompt
 from vlastack.models.tokenizer import load_tokenizer
 
@@ -69,7 +70,8 @@ class VLADataset(Dataset):
             episodes=episodes,
             delta_indices={ACTION_KEY: list(range(m.action_horizon))},
             tolerance_s=cfg.data.video_tolerance_s,
-            image_size=(size, size),
+            # "pad" needs the native aspect ratio: decode at full size, resize-with-pad per sample
+            image_size=(size, size) if m.image_resize == "stretch" else None,
         )
         for key in (STATE_KEY, ACTION_KEY):
             if key not in self.ds.features:
@@ -130,7 +132,7 @@ class VLADataset(Dataset):
         images = torch.zeros(m.num_cameras, 3, s, s, dtype=torch.uint8)
         for j, key in enumerate(self.cam_keys):
             if self.present[j]:
-                images[j] = torch.from_numpy(item[key]).permute(2, 0, 1)
+                images[j] = fit_image(torch.from_numpy(item[key]).permute(2, 0, 1), s, m.image_resize)
         if self.augment:
             crop, jit = self.cfg.data.random_crop_scale, self.cfg.data.color_jitter
             images = augment_images(images, crop, jit)

@@ -11,11 +11,16 @@ clamped to [min, max]; a constant dimension gets its exact value.
 ``quantiles`` (min/max or q01/q99 mapped to [-1, 1]; ``quantiles`` clips to [-1, 1]),
 ``identity``. ``unnormalize`` is the exact inverse of ``normalize`` inside the clip range.
 Works on numpy arrays and torch tensors (any device), trailing dim = feature dim.
+
+``ExactNormalizer`` is LeRobot's or openpi's normalization (their formulas and eps, no clipping), for
+imported checkpoints and for fine-tuning that keeps a checkpoint's statistics. ``load_normalizer``
+reads either kind from ``norm_stats.json``.
 """
 
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +31,8 @@ from vlastack.fileio import read_json
 
 QUANTILES = {"q01": 0.01, "q10": 0.10, "q50": 0.50, "q90": 0.90, "q99": 0.99}
 MODES = ("mean_std", "min_max", "quantiles", "identity")
+EXACT_MODES = ("mean_std", "quantiles", "identity")
+NORM_STATS = "norm_stats.json"  # the file beside a policy's weights
 EPS = 1e-8
 
 
@@ -210,3 +217,97 @@ class Normalizer:
     @classmethod
     def load(cls, path: str | Path) -> Normalizer:
         return cls.from_dict(read_json(path))
+
+
+@dataclass
+class ExactNormalizer:
+    """LeRobot's (``style="lerobot"``) or openpi's (``style="openpi"``) state/action normalization,
+    in float32 torch with the same operation order. Same interface as ``data.stats.Normalizer``
+    for what ``Policy`` uses (``modes``, ``stats``, ``normalize``, ``unnormalize``)."""
+
+    modes: dict[str, str]
+    stats: dict[str, dict[str, np.ndarray]]
+    style: str = "lerobot"
+    eps: float = 1e-8
+
+    def __post_init__(self) -> None:
+        if self.style not in ("lerobot", "openpi"):
+            raise ValueError(f"normalizer style must be 'lerobot' or 'openpi', got {self.style!r}")
+        need = {"mean_std": ("mean", "std"), "quantiles": ("q01", "q99"), "identity": ()}
+        for key, mode in self.modes.items():
+            if mode not in EXACT_MODES:
+                raise ValueError(f"{key}: normalization mode {mode!r} is not supported ({EXACT_MODES})")
+            lacking = [n for n in need[mode] if n not in self.stats.get(key, {})]
+            if lacking:
+                raise ValueError(f"{key}: mode {mode} needs statistics {lacking}")
+        self.stats = {
+            k: {s: np.asarray(v, dtype=np.float32) for s, v in d.items()} for k, d in self.stats.items()
+        }
+
+    def _t(self, key: str, name: str, x: torch.Tensor) -> torch.Tensor:
+        v = torch.from_numpy(self.stats[key][name])
+        if v.shape[-1] != x.shape[-1]:
+            raise ValueError(f"{key}: last dim {x.shape[-1]} does not match its statistics ({v.shape[-1]})")
+        return v.to(x.device)
+
+    def _apply(self, key: str, x, inverse: bool):
+        mode = self.modes.get(key, "identity")
+        if mode == "identity":
+            return x
+        is_np = isinstance(x, np.ndarray)
+        t = torch.from_numpy(np.asarray(x, dtype=np.float32)) if is_np else x.float()
+        if mode == "mean_std":
+            mean, std = self._t(key, "mean", t), self._t(key, "std", t)
+            if self.style == "openpi":
+                y = t * (std + 1e-6) + mean if inverse else (t - mean) / (std + 1e-6)
+            else:
+                y = t * std + mean if inverse else (t - mean) / (std + self.eps)
+        else:
+            q01, q99 = self._t(key, "q01", t), self._t(key, "q99", t)
+            if self.style == "openpi":
+                d = q99 - q01 + 1e-6
+                y = (t + 1.0) / 2.0 * d + q01 if inverse else (t - q01) / d * 2.0 - 1.0
+            else:
+                d = q99 - q01
+                d = torch.where(d == 0, torch.tensor(self.eps, dtype=d.dtype), d)
+                y = (t + 1.0) * d / 2.0 + q01 if inverse else 2.0 * (t - q01) / d - 1.0
+        return y.numpy() if is_np else y
+
+    def normalize(self, key: str, x):
+        return self._apply(key, x, inverse=False)
+
+    def unnormalize(self, key: str, y):
+        return self._apply(key, y, inverse=True)
+
+    def to_dict(self) -> dict:
+        return {
+            "style": self.style,
+            "eps": self.eps,
+            "modes": self.modes,
+            "stats": {k: {s: v.tolist() for s, v in d.items()} for k, d in self.stats.items()},
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict) -> ExactNormalizer:
+        return cls(d["modes"], d["stats"], d.get("style", "lerobot"), d.get("eps", 1e-8))
+
+    def save(self, path: str | Path) -> None:
+        """Write ``norm_stats.json`` (atomic); ``load_normalizer`` reads it back as this class."""
+        path = Path(path)
+        tmp = path.with_suffix(path.suffix + ".tmp")
+        tmp.write_text(json.dumps(self.to_dict(), indent=2))
+        tmp.replace(path)
+
+
+def load_normalizer(path: str | Path) -> Normalizer | ExactNormalizer:
+    """``norm_stats.json`` -> the normalizer that wrote it (an ``ExactNormalizer`` names its style)."""
+    data = read_json(path)
+    if isinstance(data, dict) and "style" in data:
+        try:
+            return ExactNormalizer.from_dict(data)
+        except (KeyError, TypeError) as e:
+            raise ValueError(f"{path}: not a valid normalizer file ({e})") from e
+    try:
+        return Normalizer.from_dict(data)
+    except ValueError as e:
+        raise ValueError(f"{path}: {e}") from e

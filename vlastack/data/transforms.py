@@ -58,6 +58,33 @@ def random_resized_crop(
     return _to_uint8(out).reshape(*lead, 3, oh, ow)
 
 
+def resize_with_pad(images: Tensor, height: int, width: int) -> Tensor:
+    """openpi/LeRobot ``resize_with_pad_torch`` for float images in [0, 1]: [B, 3, H, W] -> [B, 3,
+    height, width], aspect ratio kept (bilinear, clamped), zero padding centred."""
+    _, _, h, w = images.shape
+    if (h, w) == (height, width):
+        return images
+    ratio = max(w / width, h / height)
+    rh, rw = int(h / ratio), int(w / ratio)
+    out = F.interpolate(images, size=(rh, rw), mode="bilinear", align_corners=False).clamp(0.0, 1.0)
+    top, left = (height - rh) // 2, (width - rw) // 2
+    return F.pad(out, (left, width - rw - left, top, height - rh - top), value=0.0)
+
+
+def fit_image(images: Tensor, size: int, mode: str = "stretch") -> Tensor:
+    """uint8 [..., 3, H, W] -> [..., 3, size, size] by ``model.image_resize``: ``stretch`` (``resize``)
+    or ``pad`` (``resize_with_pad`` on [0, 1] floats, as openpi/LeRobot do, rounded back to uint8)."""
+    if mode == "stretch":
+        return resize(images, size)
+    if mode != "pad":
+        raise ValueError(f"image resize mode must be 'stretch' or 'pad', got {mode!r}")
+    x, lead = _flat(images)
+    if x.shape[-2:] == (size, size):
+        return images
+    out = resize_with_pad(x.float() / 255.0, size, size) * 255.0
+    return _to_uint8(out).reshape(*lead, 3, size, size)
+
+
 def color_jitter(images: Tensor, strength: float, generator: torch.Generator | None = None) -> Tensor:
     """Random brightness, contrast and saturation factors in [1 - strength, 1 + strength]."""
     if strength <= 0:

@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 
 from vlastack.config import Config, DataConfig, EvalConfig, NormConfig, TrainConfig, save_yaml
+from vlastack.data.stats import NORM_STATS
 from vlastack.fileio import read_json
 from vlastack.infer.preprocess import ACTION_KEY, PIPELINE_FILE, STATE_KEY, ExactNormalizer, Pipeline
 from vlastack.models.convert.lerobot import detect_format, hf_snapshot, load_checkpoint, resolve_checkpoint
@@ -125,8 +126,10 @@ def import_checkpoint(
 ) -> Path:
     """Convert to a vlastack policy folder: ``model.safetensors`` + ``config.json`` (ours),
     ``lerobot_pipeline.json`` (cameras, prompt style, exact normalizer), ``tokenizer.model`` and
+    ``norm_stats.json`` (the same statistics and formulas, for ``data.norm_stats=init_from``) and
     ``train.yaml`` (the model config with ``train.init_from`` = this folder, to fine-tune from it;
-    training then uses vlastack's own data pipeline and norm stats, which the result is served with)."""
+    ``data.norm_stats: dataset`` recomputes the statistics from the training data, ``init_from``
+    keeps these; the result is served with what it was trained with)."""
     if _existing_checkpoint(path) is None:
         resolve_checkpoint(path)  # raises with the reason
         raise ValueError(f"{path}: missing config.json (not a LeRobot or openpi checkpoint)")
@@ -139,13 +142,14 @@ def import_checkpoint(
     model.cfg = replace(model.cfg, tokenizer=str(out.resolve()))
     model.save_pretrained(out)
     parts.pipeline.save(out)
+    parts.normalizer.save(out / NORM_STATS)
     shutil.copy(find_tokenizer(parts.folder), out / "tokenizer.model")
     h = model.cfg.action_horizon
     modes = parts.normalizer.modes  # recomputed from the dataset, with the checkpoint's modes
     norm = NormConfig(state=modes.get(STATE_KEY, "mean_std"), action=modes.get(ACTION_KEY, "mean_std"))
     train = Config(
         model=model.cfg,
-        data=DataConfig(norm=norm),
+        data=DataConfig(norm=norm, norm_stats="dataset"),
         train=TrainConfig(
             init_from=str(out.resolve()), lr=2.5e-5, precision="bf16", out_dir=str(out) + "_ft"
         ),

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from vlastack.batch import Batch
-from vlastack.data.transforms import resize
+from vlastack.data.transforms import fit_image
 from vlastack.models.prompt import tokenize_prompt
 
 MAX_IMAGE_SIDE = 4096
@@ -40,10 +40,15 @@ class InputSpec:
     max_image_side: int = MAX_IMAGE_SIDE
     max_prompt_chars: int = MAX_PROMPT_CHARS
     aliases: dict[str, str] = field(default_factory=dict)  # flat openpi key -> camera name
+    image_resize: str = "stretch"  # model.image_resize: "stretch" or "pad" (aspect ratio kept)
 
     @staticmethod
     def make(
-        camera_names: tuple[str, ...], state_dim: int, image_size: int, default_prompt: str = ""
+        camera_names: tuple[str, ...],
+        state_dim: int,
+        image_size: int,
+        default_prompt: str = "",
+        image_resize: str = "stretch",
     ) -> InputSpec:
         aliases = {f"observation/{c}": c for c in camera_names}
         aliases.setdefault("observation/image", camera_names[0])
@@ -51,7 +56,13 @@ class InputSpec:
         if wrist:
             aliases.setdefault("observation/wrist_image", wrist[0])
         return InputSpec(
-            tuple(camera_names), state_dim, image_size, not default_prompt, default_prompt, aliases=aliases
+            tuple(camera_names),
+            state_dim,
+            image_size,
+            not default_prompt,
+            default_prompt,
+            aliases=aliases,
+            image_resize=image_resize,
         )
 
 
@@ -140,7 +151,7 @@ def build_batch(
 ) -> Batch:
     """Checked observations -> model batch (see vlastack/batch.py) on the CPU.
 
-    Images are resized to ``spec.image_size`` (bilinear, the training transform); absent cameras are
+    Images are resized to ``spec.image_size`` as in training (``spec.image_resize``); absent cameras are
     zeros with ``image_mask`` False; state is normalized and zero-padded to ``model_state_dim``.
     ``state_in_prompt`` (Pi0.5): the prompt is built from the instruction and the normalized state.
     """
@@ -156,7 +167,7 @@ def build_batch(
                 chw = torch.from_numpy(np.array(o.images[cam])).permute(
                     2, 0, 1
                 )  # copy: wire arrays are read-only
-                images[i, j] = resize(chw, s)
+                images[i, j] = fit_image(chw, s, spec.image_resize)
                 image_mask[i, j] = True
         st = np.asarray(normalizer.normalize("observation.state", o.state), dtype=np.float32)
         ids, mask = tokenize_prompt(tokenizer, o.prompt, st, max_text_len, state_in_prompt)

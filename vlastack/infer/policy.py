@@ -23,20 +23,19 @@ import numpy as np
 import torch
 
 from vlastack.config import ModelConfig
-from vlastack.data.stats import Normalizer
+from vlastack.data.stats import NORM_STATS, ExactNormalizer, Normalizer, load_normalizer
 from vlastack.infer.chunking import ActionChunker
 from vlastack.infer.obs import InputSpec, Obs, build_batch, check_obs
 from vlastack.models.tokenizer import load_tokenizer
 
 STATE_KEY, ACTION_KEY = "observation.state", "action"
-NORM_STATS = "norm_stats.json"
 
 
 def identity_normalizer() -> Normalizer:
     return Normalizer({}, {STATE_KEY: "identity", ACTION_KEY: "identity"})
 
 
-def _stat_dim(normalizer: Normalizer, key: str, default: int) -> int:
+def _stat_dim(normalizer: Normalizer | ExactNormalizer, key: str, default: int) -> int:
     """The env's feature dim for ``key``: the length of its statistics, or ``default`` (identity)."""
     stats = normalizer.stats.get(key) if normalizer.modes.get(key, "identity") != "identity" else None
     if not stats:
@@ -69,7 +68,7 @@ class Policy:
     def __init__(
         self,
         model: torch.nn.Module,
-        normalizer: Normalizer | None = None,
+        normalizer: Normalizer | ExactNormalizer | None = None,
         tokenizer: Any = None,
         *,
         device: str | torch.device = "cpu",
@@ -100,7 +99,11 @@ class Policy:
                 f"(state {self.cfg.state_dim}, action {self.cfg.action_dim})"
             )
         self.spec = InputSpec.make(
-            self.cfg.camera_names, self.state_dim, self.cfg.vision.image_size, default_prompt
+            self.cfg.camera_names,
+            self.state_dim,
+            self.cfg.vision.image_size,
+            default_prompt,
+            image_resize=self.cfg.image_resize,
         )
         h = self.cfg.action_horizon
         replan_steps = replan_steps or h
@@ -167,7 +170,7 @@ class Policy:
             raise ValueError(f"{path} has no ema/ folder (train with train.ema_decay > 0)")
         model = VLA.from_pretrained(weights, device=device)
         stats = weights / NORM_STATS if (weights / NORM_STATS).exists() else path / NORM_STATS
-        normalizer = Normalizer.load(stats) if stats.exists() else identity_normalizer()
+        normalizer = load_normalizer(stats) if stats.exists() else identity_normalizer()
         tokenizer = load_tokenizer(model.cfg.tokenizer)
         return cls(model, normalizer, tokenizer, device=device, dtype=dtype, compile=compile, **kwargs)
 

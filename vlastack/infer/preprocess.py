@@ -30,101 +30,15 @@ from pathlib import Path
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from vlastack.batch import Batch
+from vlastack.data.stats import ExactNormalizer
+from vlastack.data.transforms import resize_with_pad
 from vlastack.fileio import read_json
 
 STATE_KEY, ACTION_KEY = "observation.state", "action"
 PIPELINE_FILE = "lerobot_pipeline.json"
-MODES = ("mean_std", "quantiles", "identity")
 _LEROBOT_MODES = {"MEAN_STD": "mean_std", "QUANTILES": "quantiles", "IDENTITY": "identity"}
-
-
-@dataclass
-class ExactNormalizer:
-    """LeRobot's (``style="lerobot"``) or openpi's (``style="openpi"``) state/action normalization,
-    in float32 torch with the same operation order. Same interface as ``data.stats.Normalizer``
-    for what ``Policy`` uses (``modes``, ``stats``, ``normalize``, ``unnormalize``)."""
-
-    modes: dict[str, str]
-    stats: dict[str, dict[str, np.ndarray]]
-    style: str = "lerobot"
-    eps: float = 1e-8
-
-    def __post_init__(self) -> None:
-        if self.style not in ("lerobot", "openpi"):
-            raise ValueError(f"normalizer style must be 'lerobot' or 'openpi', got {self.style!r}")
-        need = {"mean_std": ("mean", "std"), "quantiles": ("q01", "q99"), "identity": ()}
-        for key, mode in self.modes.items():
-            if mode not in MODES:
-                raise ValueError(f"{key}: normalization mode {mode!r} is not supported ({MODES})")
-            lacking = [n for n in need[mode] if n not in self.stats.get(key, {})]
-            if lacking:
-                raise ValueError(f"{key}: mode {mode} needs statistics {lacking}")
-        self.stats = {
-            k: {s: np.asarray(v, dtype=np.float32) for s, v in d.items()} for k, d in self.stats.items()
-        }
-
-    def _t(self, key: str, name: str, x: torch.Tensor) -> torch.Tensor:
-        v = torch.from_numpy(self.stats[key][name])
-        if v.shape[-1] != x.shape[-1]:
-            raise ValueError(f"{key}: last dim {x.shape[-1]} does not match its statistics ({v.shape[-1]})")
-        return v.to(x.device)
-
-    def _apply(self, key: str, x, inverse: bool):
-        mode = self.modes.get(key, "identity")
-        if mode == "identity":
-            return x
-        is_np = isinstance(x, np.ndarray)
-        t = torch.from_numpy(np.asarray(x, dtype=np.float32)) if is_np else x.float()
-        if mode == "mean_std":
-            mean, std = self._t(key, "mean", t), self._t(key, "std", t)
-            if self.style == "openpi":
-                y = t * (std + 1e-6) + mean if inverse else (t - mean) / (std + 1e-6)
-            else:
-                y = t * std + mean if inverse else (t - mean) / (std + self.eps)
-        else:
-            q01, q99 = self._t(key, "q01", t), self._t(key, "q99", t)
-            if self.style == "openpi":
-                d = q99 - q01 + 1e-6
-                y = (t + 1.0) / 2.0 * d + q01 if inverse else (t - q01) / d * 2.0 - 1.0
-            else:
-                d = q99 - q01
-                d = torch.where(d == 0, torch.tensor(self.eps, dtype=d.dtype), d)
-                y = (t + 1.0) * d / 2.0 + q01 if inverse else 2.0 * (t - q01) / d - 1.0
-        return y.numpy() if is_np else y
-
-    def normalize(self, key: str, x):
-        return self._apply(key, x, inverse=False)
-
-    def unnormalize(self, key: str, y):
-        return self._apply(key, y, inverse=True)
-
-    def to_dict(self) -> dict:
-        return {
-            "style": self.style,
-            "eps": self.eps,
-            "modes": self.modes,
-            "stats": {k: {s: v.tolist() for s, v in d.items()} for k, d in self.stats.items()},
-        }
-
-    @classmethod
-    def from_dict(cls, d: dict) -> ExactNormalizer:
-        return cls(d["modes"], d["stats"], d.get("style", "lerobot"), d.get("eps", 1e-8))
-
-
-def resize_with_pad(images: torch.Tensor, height: int, width: int) -> torch.Tensor:
-    """openpi/LeRobot ``resize_with_pad_torch`` for float images in [0, 1]: [B, 3, H, W] -> [B, 3,
-    height, width], aspect ratio kept (bilinear, clamped), zero padding centred."""
-    _, _, h, w = images.shape
-    if (h, w) == (height, width):
-        return images
-    ratio = max(w / width, h / height)
-    rh, rw = int(h / ratio), int(w / ratio)
-    out = F.interpolate(images, size=(rh, rw), mode="bilinear", align_corners=False).clamp(0.0, 1.0)
-    top, left = (height - rh) // 2, (width - rw) // 2
-    return F.pad(out, (left, width - rw - left, top, height - rh - top), value=0.0)
 
 
 def pi05_prompt(task: str, normalized_state: np.ndarray) -> str:

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from vlastack.config import Config, load_yaml, save_yaml, to_dict
+from vlastack.data.stats import NORM_STATS
 from vlastack.train.state import atomic_write_text, fsync_file, fsync_tree
 
 LATEST = "latest"
@@ -74,7 +75,7 @@ def write_common(folder: Path, cfg: Config, normalizer: Any) -> None:
     """config.yaml + norm_stats.json: what a policy needs beside the weights."""
     save_yaml(cfg, folder / "config.yaml")
     if normalizer is not None:
-        normalizer.save(folder / "norm_stats.json")
+        normalizer.save(folder / NORM_STATS)
 
 
 def commit(run_dir: str | Path, step: int, keep_last: int) -> Path:

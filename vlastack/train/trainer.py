@@ -13,7 +13,7 @@ import json
 import random
 import time
 import warnings
-from dataclasses import replace
+from dataclasses import fields, replace
 from pathlib import Path
 
 import numpy as np
@@ -23,9 +23,10 @@ from safetensors.torch import save_file
 from torch.utils.data import default_collate
 
 from vlastack.batch import Batch, to_device, validate_batch
-from vlastack.config import Config, save_yaml
+from vlastack.config import Config, ModelConfig, save_yaml
 from vlastack.data.check import check_training_data
 from vlastack.data.loader import MemoryDataset, ResumableBatchSampler, training_batches
+from vlastack.data.stats import NORM_STATS, ExactNormalizer, Normalizer, load_normalizer
 from vlastack.diagnostics.memory import peak_memory_mb
 from vlastack.fileio import load_safetensors
 from vlastack.models.vla import VLA, build_model
@@ -64,6 +65,46 @@ def check_dataset_fits(dataset, cfg: Config) -> list[str]:
             f"cameras {missing} of model.camera_names are not in the dataset (fed as masked zeros)"
         )
     return warnings
+
+
+# Model fields that shape no weight: a fine-tune may rename cameras (a new robot), change how
+# images are resized, the prompt length, the chunk length or the sampler.
+FREE_WHEN_FINE_TUNING = (
+    "camera_names", "image_resize", "max_text_len", "action_horizon", "num_denoise_steps", "noise_scale",
+    "tokenizer",
+)  # fmt: skip
+
+
+def differing_fields(a: ModelConfig, b: ModelConfig) -> list[str]:
+    """Top-level ``ModelConfig`` fields whose values differ between ``a`` and ``b``."""
+    return [f.name for f in fields(a) if getattr(a, f.name) != getattr(b, f.name)]
+
+
+def init_normalizer(init_from: str) -> Normalizer | ExactNormalizer:
+    """The statistics saved with the ``train.init_from`` checkpoint (``data.norm_stats=init_from``)."""
+    path = Path(init_from) / NORM_STATS
+    if not path.exists():
+        raise ValueError(
+            f"data.norm_stats=init_from: {path} does not exist (a folder written by `vla import` or by "
+            "training has it); use data.norm_stats=dataset to compute statistics from the dataset"
+        )
+    return load_normalizer(path)
+
+
+def check_normalizer_fits(normalizer: Normalizer | ExactNormalizer, dataset, init_from: str) -> None:
+    """Refuse kept statistics whose state/action dims differ from the dataset's (another robot)."""
+    for key, attr in (("observation.state", "state_dim"), ("action", "action_dim")):
+        stats = normalizer.stats.get(key) if normalizer.modes.get(key, "identity") != "identity" else None
+        have = getattr(dataset, attr, None)
+        if not stats or have is None:
+            continue
+        dim = int(np.asarray(next(iter(stats.values()))).reshape(-1).shape[0])
+        if dim != have:
+            raise ValueError(
+                f"data.norm_stats=init_from: {init_from}'s {key} statistics have {dim} dims but the "
+                f"dataset's {key} has {have}; the checkpoint was trained for another robot: use "
+                "data.norm_stats=dataset"
+            )
 
 
 class StepMeter:
@@ -128,10 +169,17 @@ class Trainer:
         self.fsdp = t.parallel == "fsdp"
 
         # ---- data (refused before any training if it does not fit the model)
+        kept = init_normalizer(t.init_from) if cfg.data.norm_stats == "init_from" else None
         if dataset is None:
             from vlastack.data.samples import make_dataset
 
-            dataset = make_dataset(replace(cfg, data=replace(cfg.data, streaming=False)), data_path)
+            dataset = make_dataset(
+                replace(cfg, data=replace(cfg.data, streaming=False)), data_path, normalizer=kept
+            )
+        elif kept is not None:
+            dataset.normalizer = kept
+        if kept is not None:
+            check_normalizer_fits(kept, dataset, t.init_from)
         self.warnings = check_training_data(dataset) + check_dataset_fits(dataset, cfg)  # NaN, bad stats
         self.normalizer = getattr(dataset, "normalizer", None)
         if t.preload and not isinstance(dataset, MemoryDataset):
@@ -143,8 +191,12 @@ class Trainer:
         model = build_model(cfg.model)
         if t.init_from:
             init = VLA.from_pretrained(t.init_from)
-            if init.cfg != cfg.model:
-                raise ValueError(f"train.init_from={t.init_from}: its model config differs from model.*")
+            differ = [f for f in differing_fields(init.cfg, cfg.model) if f not in FREE_WHEN_FINE_TUNING]
+            if differ:
+                raise ValueError(
+                    f"train.init_from={t.init_from}: model.{', model.'.join(differ)} differ from the "
+                    f"checkpoint's (only {', '.join(FREE_WHEN_FINE_TUNING)} may change when fine-tuning)"
+                )
             model.load_state_dict(init.state_dict())
             model.head.copy_extra_from(init.head)  # e.g. the checkpoint's action tokenizer
         model.head.prepare(dataset)  # e.g. the token head fits its action tokenizer

@@ -276,6 +276,7 @@ def config_from_checkpoint(
         action_dim=action_dim,
         state_dim=state_dim,
         camera_names=cameras,
+        image_resize="pad",  # openpi/LeRobot resize_with_pad, also when fine-tuning it
         max_text_len=meta.get("tokenizer_max_length", 200 if kind == "pi05" else 48),
         num_denoise_steps=meta.get("num_inference_steps", 10),
         time_min_period=meta.get("min_period", 4e-3),
