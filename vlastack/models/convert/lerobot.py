@@ -331,6 +331,7 @@ def _pi0_fast_config(
         action_dim=meta.get("max_action_dim", 32),
         state_dim=meta.get("max_state_dim", 32),
         camera_names=camera_names(meta),
+        image_resize="pad",  # openpi/LeRobot resize_with_pad, also when fine-tuning it
         max_text_len=meta.get("tokenizer_max_length", 200),
         tokenizer=str(folder),
     )
