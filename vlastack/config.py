@@ -120,6 +120,20 @@ class TokenHeadConfig:
     # pi05, as one discrete token per dim (``state_bins`` uniform bins over [-1, 1]).
     state_input: str = "continuous"  # continuous | discrete
     state_bins: int = 256
+    # Decoding options (docs/model.md, "Token head"). Sampling at temperature > 0 is seeded by
+    # Policy(seed=...); top_p < 1 samples from the smallest set of ids holding top_p of the mass.
+    top_p: float = 1.0
+    # Hard cap on generated tokens (0: what the tokenizer needs: H*A bins, max_action_tokens + 1).
+    max_decode_steps: int = 0
+    # A chunk whose tokens do not decode (e.g. a FAST sequence cut by the cap): "zero" returns
+    # zeros, "repeat_last" has Policy repeat its last valid chunk; both flag it (valid=False) and
+    # Policy.decode_stats counts it.
+    invalid_decode: str = "zero"  # zero | repeat_last
+    # Decode among the action ids (+ end) only; False: the whole vocabulary, as LeRobot's pi0-FAST.
+    constrained: bool = True
+    # "pi0_fast": the LeRobot/openpi pi0-FAST layout (state in the prompt text, "<bos>" closes the
+    # prompt block, the model writes "Action: " + FAST ids + "|"); set by `vla import`.
+    sequence: str = "vlastack"  # vlastack | pi0_fast
 
     def __post_init__(self) -> None:
         _check(
@@ -154,6 +168,27 @@ class TokenHeadConfig:
             not self.regression_head or self.decoding == "parallel",
             "regression_head",
             "the L1 regression head reads the parallel action positions: set decoding='parallel'",
+        )
+        _check(0 < self.top_p <= 1, "top_p", f"must be in (0, 1], got {self.top_p}")
+        _check(
+            self.max_decode_steps >= 0,
+            "max_decode_steps",
+            f"must be >= 0 (0 = off), got {self.max_decode_steps}",
+        )
+        _check(
+            self.invalid_decode in ("zero", "repeat_last"),
+            "invalid_decode",
+            f"must be 'zero' or 'repeat_last', got {self.invalid_decode!r}",
+        )
+        _check(
+            self.sequence in ("vlastack", "pi0_fast"),
+            "sequence",
+            f"must be 'vlastack' or 'pi0_fast', got {self.sequence!r}",
+        )
+        _check(
+            self.sequence == "vlastack" or (self.tokenizer == "fast" and self.decoding == "autoregressive"),
+            "sequence",
+            "the pi0_fast layout is autoregressive FAST: needs tokenizer='fast', decoding='autoregressive'",
         )
 
 

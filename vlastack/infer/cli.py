@@ -20,8 +20,16 @@ def _serve(args: argparse.Namespace) -> int:
     if args.max_batch < 1 or args.max_message_mb <= 0:
         raise ValueError("--max-batch must be >= 1 and --max-message-mb > 0")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    decoding = dict(kv.split("=", 1) for kv in args.decode if "=" in kv)
+    if len(decoding) != len(args.decode):
+        raise ValueError(f"--decode takes KEY=VALUE, got {args.decode}")
     policy = Policy.from_pretrained(
-        args.policy, device=args.device, compile=args.compile, dtype=args.dtype, ema=args.ema
+        args.policy,
+        device=args.device,
+        compile=args.compile,
+        dtype=args.dtype,
+        ema=args.ema,
+        decoding=decoding,
     )
     server = PolicyServer(
         policy,
@@ -61,6 +69,14 @@ def register(sub, groups) -> None:
     p.add_argument("--max-message-mb", type=float, default=16.0, help="largest accepted message")
     p.add_argument("--compile", action="store_true", help="torch.compile the sampler")
     p.add_argument("--dtype", default=None, choices=["fp32", "bf16"], help="bf16 = autocast")
+    p.add_argument(
+        "--decode",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="token heads: temperature, top_p, max_decode_steps, invalid_decode (zero|repeat_last), "
+        "constrained (repeatable; see docs/model.md)",
+    )
     p.set_defaults(func=_serve)
 
     p = sub.add_parser("export", help="export the sampler: pt2 (AOTInductor) | onnx | torchscript")

@@ -1,7 +1,8 @@
-"""``vla export-lerobot``: write a vlastack pi0 / pi05 policy folder as a LeRobot ``pretrained_model``
-folder that ``PI0Policy`` / ``PI05Policy.from_pretrained(strict=True)`` and
-``make_pre_post_processors(pretrained_path=...)`` load (checked against lerobot 0.6.1 by
-scripts/make_lerobot_fixtures.py --export).
+"""``vla export-lerobot``: write a vlastack pi0 / pi05 policy folder (or an imported pi0-FAST token
+head) as a LeRobot ``pretrained_model`` folder that ``PI0Policy`` / ``PI05Policy`` /
+``PI0FastPolicy.from_pretrained(strict=True)`` and ``make_pre_post_processors(pretrained_path=...)``
+load (checked against lerobot 0.6.1 by scripts/make_lerobot_fixtures.py --export and
+scripts/make_pi0_fast_fixture.py --export).
 
 Norm stats: a folder from ``vla import`` carries LeRobot's exact ones (``lerobot_pipeline.json``);
 a vlastack-trained folder's ``norm_stats.json`` maps mean_std -> MEAN_STD, quantiles -> QUANTILES,
@@ -53,8 +54,12 @@ def export_lerobot(policy_folder: str | Path, out: str | Path) -> Path:
     model = VLA.from_pretrained(folder)
     cfg = model.cfg
     kind = getattr(cfg, "variant", "pi0")
+    if cfg.head == "tokens" and cfg.tokens.sequence == "pi0_fast":
+        return _export_pi0_fast(model, folder, out)
     if cfg.head != "flow" or cfg.grounding.points:
-        raise ValueError("only the plain flow head (pi0 / pi05) has a LeRobot equivalent")
+        raise ValueError(
+            "only the plain flow head (pi0 / pi05) and an imported pi0-FAST token head have a LeRobot equivalent"
+        )
     modes, stats, eps = _norm(folder)
     out.mkdir(parents=True, exist_ok=True)
 
@@ -138,6 +143,95 @@ def export_lerobot(policy_folder: str | Path, out: str | Path) -> Path:
     (out / "policy_postprocessor.json").write_text(
         json.dumps({"name": "policy_postprocessor", "steps": post}, indent=2)
     )
+    if (folder / "tokenizer.model").exists():
+        (out / "tokenizer.model").write_bytes((folder / "tokenizer.model").read_bytes())
+    return out
+
+
+def _processor_files(out: Path, pre: list[tuple[str, dict]], stats: dict, eps: float, feats: dict,
+                     out_feats: dict, norm_map: dict) -> None:  # fmt: skip
+    """policy_{pre,post}processor.json and their normalizer state files (LeRobot's layout)."""
+    tensors = {f"{k}.{n}": torch.from_numpy(np.asarray(v, np.float32)).reshape(-1)
+               for k, d in stats.items() for n, v in d.items()}  # fmt: skip
+    device = {"device": "cpu", "float_dtype": None}
+    steps = []
+    for i, (name, c) in enumerate(pre):
+        step = {"registry_name": name, "config": c}
+        if name == "normalizer_processor":
+            step["config"] = {"eps": eps, "features": {**feats, **out_feats}, "norm_map": norm_map}
+            step["state_file"] = f"policy_preprocessor_step_{i}_normalizer_processor.safetensors"
+            save_file(tensors, str(out / step["state_file"]))
+        steps.append(step)
+    steps.append({"registry_name": "device_processor", "config": device})
+    (out / "policy_preprocessor.json").write_text(
+        json.dumps({"name": "policy_preprocessor", "steps": steps}, indent=2)
+    )
+    post = [
+        {"registry_name": "unnormalizer_processor",
+         "config": {"eps": eps, "features": out_feats, "norm_map": norm_map},
+         "state_file": "policy_postprocessor_step_0_unnormalizer_processor.safetensors"},
+        {"registry_name": "absolute_actions_processor", "config": {"enabled": False}},
+        {"registry_name": "device_processor", "config": device},
+    ]  # fmt: skip
+    save_file(tensors, str(out / post[0]["state_file"]))
+    (out / "policy_postprocessor.json").write_text(
+        json.dumps({"name": "policy_postprocessor", "steps": post}, indent=2)
+    )
+
+
+def _export_pi0_fast(model: VLA, folder: Path, out: Path) -> Path:
+    """An imported (and possibly fine-tuned) pi0-FAST token head -> LeRobot ``pi0_fast`` folder, with
+    its FAST processor in ``fast_tokenizer/`` (config.json names the processor it was imported with)."""
+    from vlastack.models.action_tokens import PiFastTokenizer
+
+    cfg, head = model.cfg, model.head
+    tok = head.tokenizer
+    if not isinstance(tok, PiFastTokenizer):
+        raise ValueError("only an imported pi0-FAST head (its physical-intelligence FAST tokenizer) exports")
+    v = cfg.vlm.vocab_size
+    skip = v - 1 - int(tok.placement.ids[0])
+    if not (tok.placement.ids == v - 1 - skip - np.arange(tok.placement.n)).all():
+        raise ValueError("the FAST ids are not LeRobot's vocab - 1 - fast_skip_tokens - k")
+    modes, stats, eps = _norm(folder)
+    out.mkdir(parents=True, exist_ok=True)
+    state = {}
+    for key, t in model.state_dict().items():
+        ck = "paligemma_with_expert.paligemma.lm_head.weight" if key == "head.lm_head.weight" else None
+        ck = ck or ours_to_checkpoint(key)
+        if ck is None:
+            raise ValueError(f"{key} has no place in a LeRobot pi0_fast checkpoint")
+        state["model." + ck] = t.detach().float().contiguous()
+    save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
+    tok.save_processor(out / "fast_tokenizer")
+
+    s = cfg.vision.image_size
+    feats = {IMAGE_PREFIX + c: {"type": "VISUAL", "shape": [3, s, s]} for c in cfg.camera_names}
+    feats[STATE_KEY] = {"type": "STATE", "shape": [_dim(stats, STATE_KEY, cfg.state_dim)]}
+    out_feats = {ACTION_KEY: {"type": "ACTION", "shape": [tok.action_dim]}}
+    norm_map = {"VISUAL": "IDENTITY", "STATE": _MODES[modes.get(STATE_KEY, "identity")],
+                "ACTION": _MODES[modes.get(ACTION_KEY, "identity")]}  # fmt: skip
+    steps = cfg.tokens.max_decode_steps or head.num_steps
+    config = {
+        "type": "pi0_fast", "n_obs_steps": 1, "input_features": feats, "output_features": out_feats,
+        "device": "cpu", "paligemma_variant": "gemma_2b", "action_expert_variant": "gemma_300m",
+        "dtype": "float32", "chunk_size": cfg.action_horizon, "n_action_steps": cfg.action_horizon,
+        "max_state_dim": cfg.state_dim, "max_action_dim": cfg.action_dim,
+        "max_action_tokens": cfg.tokens.max_action_tokens, "image_resolution": [s, s],
+        "tokenizer_max_length": cfg.max_text_len, "text_tokenizer_name": TOKENIZER,
+        "action_tokenizer_name": tok.name, "temperature": cfg.tokens.temperature,
+        "max_decoding_steps": steps, "fast_skip_tokens": skip, "validate_action_token_prefix": head.require_prefix,
+        "use_kv_cache": True, "normalization_mapping": norm_map,
+    }  # fmt: skip
+    (out / "config.json").write_text(json.dumps(config, indent=4))
+    text = {"max_length": cfg.max_text_len, "task_key": "task", "padding_side": "right",
+            "padding": "max_length", "truncation": True, "tokenizer_name": TOKENIZER}  # fmt: skip
+    action = {"trust_remote_code": True, "max_action_tokens": cfg.tokens.max_action_tokens,
+              "action_tokenizer_name": tok.name}  # fmt: skip
+    pre = [("rename_observations_processor", {"rename_map": {}}), ("to_batch_processor", {}),
+           ("relative_actions_processor", {"enabled": False, "exclude_joints": ["gripper"], "action_names": None}),
+           ("normalizer_processor", {}), ("pi0_fast_prepare_state_tokenizer_processor_step", {}),
+           ("tokenizer_processor", text), ("action_tokenizer_processor", action)]  # fmt: skip
+    _processor_files(out, pre, stats, eps, feats, out_feats, norm_map)
     if (folder / "tokenizer.model").exists():
         (out / "tokenizer.model").write_bytes((folder / "tokenizer.model").read_bytes())
     return out

@@ -1,4 +1,4 @@
-"""Run and convert LeRobot / openpi pi0 and pi05 checkpoints (offline).
+"""Run and convert LeRobot / openpi pi0, pi05 and pi0_fast checkpoints (offline).
 
     parts = load_parts("lerobot/pi05_base")     # folder, pretrained_model/ parent or Hub cache id
     Policy(parts.model, parts.normalizer, parts.tokenizer, preprocess=parts.pipeline)
@@ -22,6 +22,7 @@ from vlastack.data.stats import NORM_STATS
 from vlastack.fileio import read_json
 from vlastack.infer.preprocess import ACTION_KEY, PIPELINE_FILE, STATE_KEY, ExactNormalizer, Pipeline
 from vlastack.models.convert.lerobot import detect_format, hf_snapshot, load_checkpoint, resolve_checkpoint
+from vlastack.models.convert.pi0_fast import attach_tokenizers
 from vlastack.models.tokenizer import SentencePieceTokenizer
 
 PALIGEMMA_TOKENIZER = "google/paligemma-3b-pt-224"
@@ -106,6 +107,8 @@ def load_parts(
     else:
         pipe = Pipeline.from_openpi(folder, kind, model.cfg, asset_id)
     tok = SentencePieceTokenizer(find_tokenizer(folder))
+    if kind == "pi0_fast":
+        attach_tokenizers(model, folder, meta, tok)
     if tok.vocab_size > model.cfg.vlm.vocab_size:
         raise ValueError(
             f"tokenizer has {tok.vocab_size} pieces but the embedding {model.cfg.vlm.vocab_size} rows"

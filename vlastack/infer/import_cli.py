@@ -1,5 +1,6 @@
-"""``vla import`` (a LeRobot / openpi pi0 or pi05 checkpoint -> a vlastack policy folder) and
-``vla export-lerobot`` (a vlastack pi0 / pi05 policy folder -> a LeRobot ``pretrained_model`` folder)."""
+"""``vla import`` (a LeRobot / openpi pi0 or pi05, or a LeRobot pi0_fast checkpoint -> a vlastack
+policy folder) and ``vla export-lerobot`` (a vlastack pi0 / pi05 or imported pi0_fast policy folder
+-> a LeRobot ``pretrained_model`` folder)."""
 
 from __future__ import annotations
 
@@ -30,14 +31,16 @@ def _export(args: argparse.Namespace) -> int:
     from vlastack.infer.export_lerobot import export_lerobot
 
     out = export_lerobot(args.policy, args.out)
-    print(f"wrote {out} (LeRobot: PI0Policy/PI05Policy.from_pretrained and make_pre_post_processors)")
+    print(
+        f"wrote {out} (LeRobot: PI0Policy/PI05Policy/PI0FastPolicy.from_pretrained, make_pre_post_processors)"
+    )
     return 0
 
 
 def register(sub, groups) -> None:
     p = sub.add_parser(
         "import",
-        help="convert a LeRobot/openpi pi0 or pi05 checkpoint (folder or Hub id in the local cache)",
+        help="convert a LeRobot/openpi pi0 or pi05, or a LeRobot pi0_fast checkpoint (folder or Hub id in the local cache)",
     )
     p.add_argument(
         "path",
@@ -61,7 +64,10 @@ def register(sub, groups) -> None:
     )
     p.set_defaults(func=_import)
 
-    p = sub.add_parser("export-lerobot", help="write a vlastack pi0/pi05 policy folder as a LeRobot folder")
+    p = sub.add_parser(
+        "export-lerobot",
+        help="write a vlastack pi0/pi05 (or imported pi0_fast) policy folder as a LeRobot folder",
+    )
     p.add_argument("policy", help="vlastack policy folder (e.g. from vla import, or a training run's final/)")
     p.add_argument("--out", required=True, help="output LeRobot pretrained_model folder")
     p.set_defaults(func=_export)

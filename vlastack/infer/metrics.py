@@ -5,6 +5,7 @@ from __future__ import annotations
 import bisect
 import threading
 from collections import defaultdict
+from collections.abc import Callable
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
@@ -35,9 +36,11 @@ class Histogram:
 
 
 class Metrics:
-    """Request counters by transport/status, errors by reason, latency and batch-size histograms."""
+    """Request counters by transport/status, errors by reason, latency and batch-size histograms;
+    ``decode_stats``: a token head's chunk counters (``Policy.decode_stats``), read at render time."""
 
-    def __init__(self) -> None:
+    def __init__(self, decode_stats: Callable[[], dict[str, int]] | None = None) -> None:
+        self.decode_stats = decode_stats
         self.lock = threading.Lock()
         self.requests: dict[tuple[str, str], int] = defaultdict(int)
         self.errors: dict[str, int] = defaultdict(int)
@@ -98,4 +101,12 @@ class Metrics:
                 "# TYPE vla_in_flight gauge",
                 f"vla_in_flight {self.in_flight}",
             ]
+        if self.decode_stats is not None:  # outside our lock: Policy updates these under its own
+            d = self.decode_stats()
+            lines += [
+                "# HELP vla_token_chunks_total Token-head chunks decoded, invalid (not a full chunk), "
+                "and replaced by the last valid one (model.tokens.invalid_decode=repeat_last).",
+                "# TYPE vla_token_chunks_total counter",
+            ]
+            lines += [f'vla_token_chunks_total{{result="{k}"}} {v}' for k, v in sorted(d.items())]
         return "\n".join(lines) + "\n"

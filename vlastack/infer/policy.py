@@ -43,6 +43,25 @@ def _stat_dim(normalizer: Normalizer | ExactNormalizer, key: str, default: int) 
     return int(np.asarray(next(iter(stats.values()))).reshape(-1).shape[0])
 
 
+DECODING_KEYS = ("temperature", "top_p", "max_decode_steps", "invalid_decode", "constrained")
+
+
+def set_decoding(model: torch.nn.Module, options: dict[str, Any]) -> None:
+    """Change a token head's decoding options (``model.tokens.<key>``, one of ``DECODING_KEYS``;
+    values may be strings, as from ``vla serve --decode top_p=0.9``), checked like any config key."""
+    from vlastack.config import Config, EvalConfig, apply_overrides
+
+    cfg = model.cfg
+    if cfg.head != "tokens":
+        raise ValueError(f"decoding options apply to token heads (model.head=tokens), not {cfg.head!r}")
+    bad = sorted(set(options) - set(DECODING_KEYS))
+    if bad:
+        raise ValueError(f"unknown decoding option(s) {bad}; known: {list(DECODING_KEYS)}")
+    top = Config(model=cfg, eval=EvalConfig(steps_per_chunk=min(8, cfg.action_horizon)))
+    new = apply_overrides(top, [f"model.tokens.{k}={v}" for k, v in options.items()]).model
+    model.cfg = model.head.cfg = new
+
+
 class Policy:
     """A VLA + normalizer + tokenizer. Thread-safe: one forward pass at a time (``self.lock``)."""
 
@@ -60,11 +79,14 @@ class Policy:
         default_prompt: str = "",
         seed: int | None = None,
         preprocess: Any = None,
+        decoding: dict[str, Any] | None = None,
         fast: bool = False,
     ) -> None:
         if dtype not in (None, "fp32", "bf16"):
             raise ValueError(f"dtype must be None, 'fp32' or 'bf16', got {dtype!r}")
         self.model = model.eval()
+        if decoding:
+            set_decoding(model, decoding)
         self.cfg: ModelConfig = model.cfg
         self.device = torch.device(device)
         self.normalizer = normalizer or identity_normalizer()
@@ -93,6 +115,10 @@ class Policy:
         self.preprocess = preprocess  # e.g. infer.preprocess.Pipeline (LeRobot's exact pipeline)
         self._gen = torch.Generator(device=self.device)
         self._gen.manual_seed(int(seed) if seed is not None else int(torch.initial_seed()) % 2**62)
+        # Token heads: chunks whose tokens did not decode, and what model.tokens.invalid_decode did.
+        self.invalid_decode = self.cfg.tokens.invalid_decode if self.cfg.head == "tokens" else "zero"
+        self.decode_stats = {"chunks": 0, "invalid": 0, "repeated": 0}
+        self._last_valid: np.ndarray | None = None  # the latest valid chunk [H, A_env] (repeat_last)
         self._fast = None
         if fast:  # infer/fastpath.py: prepared weights, whole sampler in one CUDA graph
             self._fast = self._make_fast(compile)
@@ -200,9 +226,11 @@ class Policy:
             return contextlib.nullcontext()
         return torch.autocast(self.device.type, dtype=torch.bfloat16)
 
-    def _run(self, obs_list: list[Obs], noise: torch.Tensor | None) -> tuple[np.ndarray, np.ndarray | None]:
-        """-> unnormalized actions float32 [B, H, A_env], and validity bool [B] for token heads
-        (None for the flow head). Both are read under the lock, so they belong to the same batch."""
+    def _run(
+        self, obs_list: list[Obs], noise: torch.Tensor | None
+    ) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
+        """-> unnormalized actions float32 [B, H, A_env], and for token heads validity bool [B] and
+        whether the chunk is a repeat of the last valid one bool [B] (None for the flow head)."""
         c = self.cfg
         if self.preprocess is not None:  # e.g. a LeRobot checkpoint's exact pipeline
             batch = self.preprocess.build_batch(obs_list, self.tokenizer)
@@ -222,17 +250,35 @@ class Policy:
             if noise is None:
                 shape = (b, c.action_horizon, c.action_dim)
                 noise = torch.randn(shape, generator=self._gen, device=self.device)
+            # Token heads sample (temperature > 0) from the policy's seeded generator.
+            extra = {"generator": self._gen} if c.head == "tokens" else {}
             if self._fast is not None:  # weights already in their dtype: no autocast
                 with torch.inference_mode():
                     out, valid = self._fast(batch, noise.to(self.device)), None
             else:
                 with torch.inference_mode(), self._autocast():
-                    out, valid = self.model.sample(batch, noise=noise.to(self.device))
+                    out, valid = self.model.sample(batch, noise=noise.to(self.device), **extra)
             # Token heads flag chunks whose tokens do not decode (e.g. a truncated FAST sequence).
             valid = None if valid is None else valid.cpu().numpy().astype(bool)
-        actions = out.float()[:, :, : self.action_dim].cpu().numpy()
-        actions = self.normalizer.unnormalize(ACTION_KEY, actions)
-        return np.ascontiguousarray(actions, dtype=np.float32), valid
+            actions = out.float()[:, :, : self.action_dim].cpu().numpy()
+            actions = np.ascontiguousarray(self.normalizer.unnormalize(ACTION_KEY, actions), dtype=np.float32)
+            repeated = None if valid is None else self._apply_invalid_policy(actions, valid)
+        return actions, valid, repeated
+
+    def _apply_invalid_policy(self, actions: np.ndarray, valid: np.ndarray) -> np.ndarray:
+        """Count invalid chunks; with ``repeat_last`` overwrite each with the latest valid chunk
+        (in place; none yet: it stays zero). -> repeated bool [B]. Under the lock."""
+        repeated = np.zeros(len(valid), dtype=bool)
+        for i, ok in enumerate(valid):
+            if ok:
+                self._last_valid = actions[i].copy()
+            elif self.invalid_decode == "repeat_last" and self._last_valid is not None:
+                actions[i], repeated[i] = self._last_valid, True
+        s = self.decode_stats
+        s["chunks"] += len(valid)
+        s["invalid"] += int((~valid).sum())
+        s["repeated"] += int(repeated.sum())
+        return repeated
 
     def infer_checked(self, obs_list: list[Obs], noise: torch.Tensor | None = None) -> np.ndarray:
         """Checked observations -> unnormalized actions float32 [B, H, A_env] (one forward pass)."""
@@ -240,11 +286,15 @@ class Policy:
 
     def infer_results(self, obs_list: list[Obs]) -> list[dict]:
         """Checked observations -> one reply each: ``{"actions": [H, A_env]}`` plus, for token
-        heads, ``"valid"`` (False: the tokens did not decode to a full chunk; do not execute it)."""
-        actions, valid = self._run(obs_list, None)
+        heads, ``"valid"`` (False: the tokens did not decode to a full chunk) and ``"repeated"``
+        (True: ``invalid_decode=repeat_last`` sent the last valid chunk instead; False with valid
+        False: the actions are zeros, do not execute them)."""
+        actions, valid, repeated = self._run(obs_list, None)
         if valid is None:
             return [{"actions": a} for a in actions]
-        return [{"actions": a, "valid": bool(v)} for a, v in zip(actions, valid)]
+        return [
+            {"actions": a, "valid": bool(v), "repeated": bool(r)} for a, v, r in zip(actions, valid, repeated)
+        ]
 
     def infer(self, obs: dict) -> dict[str, np.ndarray]:
         """One observation -> ``{"actions": float32 [H, A_env]}`` in env units (+ ``"valid"``
@@ -260,8 +310,9 @@ class Policy:
     # ------------------------------------------------------------------ closed loop
 
     def reset(self) -> None:
-        """Forget queued actions (call at the start of each episode)."""
+        """Forget queued actions and the last valid chunk (call at the start of each episode)."""
         self.chunker.reset()
+        self._last_valid = None
 
     def select_action(self, obs: dict) -> np.ndarray:
         """One env step -> float32 [A_env]. Re-plans every ``replan_steps`` steps; with

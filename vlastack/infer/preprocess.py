@@ -1,4 +1,4 @@
-"""LeRobot's / openpi's input pipeline for pi0 and pi05, reproduced exactly (no `lerobot` needed).
+"""LeRobot's / openpi's input pipeline for pi0, pi05 and pi0_fast, reproduced exactly (no `lerobot`).
 
     pipe = Pipeline.from_lerobot(folder, cfg)       # or .from_openpi(folder, cfg), .load(our_folder)
     batch = pipe.build_batch(obs_list, tokenizer)   # what the model gets; pipe.normalizer for actions
@@ -14,7 +14,8 @@ What LeRobot 0.6.1 does, step by step (``policies/pi0{,5}/``, ``processor/``):
   ``2 (x - q01) / (q99 - q01) - 1`` (eps only where q99 == q01) and back; no clipping; the model
   sees the state zero-padded to 32;
 - prompt: pi0 appends "\\n" (nothing else); pi05 writes ``Task: {cleaned}, State: {bins};\\nAction: ``
-  with the normalized state digitized into 256 bins over [-1, 1] (no clipping);
+  with the normalized state digitized into 256 bins over [-1, 1] (no clipping); pi0_fast the same
+  without ``Action: `` (its model writes it);
 - tokens: ``<bos>`` + SentencePiece ids, right-padded with 0 to ``tokenizer_max_length``, truncated.
 
 openpi (``assets/<id>/norm_stats.json``): eps 1e-6 on both sides (``(x - mean) / (std + 1e-6)``,
@@ -45,6 +46,13 @@ def pi05_prompt(task: str, normalized_state: np.ndarray) -> str:
     bins = np.digitize(normalized_state, bins=np.linspace(-1, 1, 256 + 1)[:-1]) - 1
     cleaned = task.strip().replace("_", " ").replace("\n", " ")
     return f"Task: {cleaned}, State: {' '.join(map(str, bins))};\nAction: "
+
+
+def pi0_fast_prompt(task: str, normalized_state: np.ndarray) -> str:
+    """LeRobot's pi0_fast prompt: as pi05's, without "Action: " (the model writes it)."""
+    bins = np.digitize(normalized_state, bins=np.linspace(-1, 1, 256 + 1)[:-1]) - 1
+    cleaned = task.strip().replace("_", " ").replace("\n", " ")
+    return f"Task: {cleaned}, State: {' '.join(map(str, bins))};\n"
 
 
 def pi0_prompt(task: str, style: str = "lerobot") -> str:
@@ -78,7 +86,7 @@ def _model_fields(model_cfg) -> dict:
 class Pipeline:
     """Everything between an observation and the model, for one LeRobot / openpi checkpoint."""
 
-    kind: str  # pi0 | pi05
+    kind: str  # pi0 | pi05 | pi0_fast
     camera_names: tuple[str, ...]
     image_size: int
     max_text_len: int
@@ -105,6 +113,8 @@ class Pipeline:
             st = self.normalizer.normalize(STATE_KEY, torch.from_numpy(np.asarray(o.state, np.float32)))
             if self.kind == "pi05":
                 ids = tokenizer.encode(pi05_prompt(o.prompt, st.numpy()))
+            elif self.kind == "pi0_fast":
+                ids = tokenizer.encode(pi0_fast_prompt(o.prompt, st.numpy()))
             elif self.style == "openpi":  # "\n" tokenized apart: openpi's start-of-answer token
                 ids = tokenizer.encode(pi0_prompt(o.prompt, "openpi")[:-1]) + tokenizer.encode(
                     "\n", bos=False

@@ -198,6 +198,7 @@ class Trainer:
                     f"checkpoint's (only {', '.join(FREE_WHEN_FINE_TUNING)} may change when fine-tuning)"
                 )
             model.load_state_dict(init.state_dict())
+            model.head.copy_extra_from(init.head)  # e.g. the checkpoint's action tokenizer
         model.head.prepare(dataset)  # e.g. the token head fits its action tokenizer
         self.frozen_parts = freeze_parts(model, t)
         if t.lora_rank > 0:

@@ -18,6 +18,7 @@ from vlastack.models.action_tokens.base import (
     TokenPlacement,
 )
 from vlastack.models.action_tokens.fast import FastTokenizer
+from vlastack.models.action_tokens.pi_fast import PiFastTokenizer
 
 __all__ = [
     "CONFIG_FILE",
@@ -25,6 +26,7 @@ __all__ = [
     "ActionTokenizer",
     "BinTokenizer",
     "FastTokenizer",
+    "PiFastTokenizer",
     "TokenPlacement",
     "load_action_tokenizer",
     "make_action_tokenizer",

@@ -121,6 +121,10 @@ class ActionTokenizer:
     """Shared plumbing. Subclasses implement ``_encode_internal`` / ``_decode_internal``."""
 
     kind = ""
+    # The model.tokens.tokenizer value this tokenizer serves ("bins" | "fast"); None: ``kind``.
+    family: ClassVar[str | None] = None
+    # Decoded chunks are clipped to [-1, 1] (the range the tokenizer was fitted on).
+    clip_output: ClassVar[bool] = True
     # Subclasses by ``kind``, filled as they are defined, so ``load`` finds the class a folder names
     # without this module importing its subclasses (``fast.py`` imports this one).
     KINDS: ClassVar[dict[str, type[ActionTokenizer]]] = {}
@@ -197,7 +201,7 @@ class ActionTokenizer:
                     f"(got {ids.size} tokens, {(internal < 0).sum()} not action tokens)"
                 )
             return np.zeros((self.horizon, self.action_dim), dtype=np.float32), False
-        return np.clip(chunk, -1.0, 1.0).astype(np.float32), True
+        return (np.clip(chunk, -1.0, 1.0) if self.clip_output else chunk).astype(np.float32), True
 
     def decode_batch(
         self, tokens: np.ndarray, lengths: np.ndarray | None = None, strict: bool = False

@@ -1,9 +1,11 @@
-"""Weights and model config of LeRobot ``pi0`` / ``pi05`` and openpi PyTorch checkpoints.
+"""Weights and model config of LeRobot ``pi0`` / ``pi05`` / ``pi0_fast`` and openpi PyTorch checkpoints.
 
 Layouts (auto-detected by ``detect_format``):
 
-- ``lerobot``: a ``pretrained_model`` folder: ``config.json`` (``"type": "pi0" | "pi05"``),
-  ``model.safetensors`` with keys ``model.paligemma_with_expert...``, ``model.action_in_proj...``;
+- ``lerobot``: a ``pretrained_model`` folder: ``config.json`` (``"type": "pi0" | "pi05" |
+  "pi0_fast"``), ``model.safetensors`` with keys ``model.paligemma_with_expert...``,
+  ``model.action_in_proj...`` (pi0_fast: PaliGemma only, read by our token head; its FAST action
+  tokenizer is found by ``find_fast_processor``);
 - ``openpi``: openpi's PyTorch conversion: ``model.safetensors`` with the same keys without the
   ``model.`` prefix, ``config.json`` with ``paligemma_variant`` / ``action_expert_variant``;
 - ``vlastack``: our own folder (``config.json`` with a ``"model"`` tree).
@@ -33,6 +35,7 @@ from vlastack.config import (
     DecoderConfig,
     EvalConfig,
     ModelConfig,
+    TokenHeadConfig,
     VisionConfig,
     apply_overrides,
 )
@@ -69,6 +72,9 @@ _RULES: list[tuple[str, str | None]] = [
     (_P + r"paligemma\.lm_head\.weight", None),
     (_P + r"gemma_expert\.lm_head\.weight", None),
 ]
+
+
+_LM_HEAD = "paligemma_with_expert.paligemma.lm_head.weight"
 
 
 def canonical_key(key: str) -> str:
@@ -168,10 +174,10 @@ def detect_format(folder: str | Path) -> str:
     cfg = read_json(cfg_file)
     if "model" in cfg and isinstance(cfg["model"], dict):
         return "vlastack"
-    if cfg.get("type") in ("pi0", "pi05"):
+    if cfg.get("type") in ("pi0", "pi05", "pi0_fast"):
         return "lerobot"
     if cfg.get("type") is not None:
-        raise ValueError(f"{folder}: LeRobot policy type {cfg['type']!r}; supported: pi0, pi05")
+        raise ValueError(f"{folder}: LeRobot policy type {cfg['type']!r}; supported: pi0, pi05, pi0_fast")
     if "paligemma_variant" in cfg or "action_expert_variant" in cfg:
         return "openpi"
     raise ValueError(f"{folder}/config.json: neither a vlastack, a LeRobot pi0/pi05 nor an openpi config")
@@ -223,11 +229,11 @@ def _decoder(header: dict[str, TensorInfo], stem: str, variant: dict, vocab: int
 def config_from_checkpoint(
     folder: str | Path, overrides: list[str] | tuple[str, ...] = (), header: dict | None = None
 ) -> tuple[ModelConfig, str, dict]:
-    """-> (our model config, "pi0" | "pi05", the checkpoint's config.json)."""
+    """-> (our model config, "pi0" | "pi05" | "pi0_fast", the checkpoint's config.json)."""
     folder = Path(folder)
     header = header if header is not None else read_folder_header(folder)
     meta = read_json(folder / "config.json")
-    kind = checkpoint_kind(header)
+    kind = "pi0_fast" if meta.get("type") == "pi0_fast" else checkpoint_kind(header)
     vlm_var = GEMMA_VARIANTS.get(meta.get("paligemma_variant", "gemma_2b"))
     exp_var = GEMMA_VARIANTS.get(meta.get("action_expert_variant", "gemma_300m"))
     if vlm_var is None or exp_var is None:
@@ -239,8 +245,11 @@ def config_from_checkpoint(
         else _shape(header, "paligemma.lm_head.weight")[0]
     )
     vlm = _decoder(header, pg, vlm_var, vocab)
-    expert = replace(_decoder(header, ex, exp_var, 1), heads=vlm.heads, kv_heads=vlm.kv_heads,
-                     head_dim=vlm.head_dim)  # fmt: skip
+    if kind == "pi0_fast":  # no action expert (a token head builds none): shapes only satisfy the config
+        expert = replace(vlm, vocab_size=1)
+    else:
+        expert = replace(_decoder(header, ex, exp_var, 1), heads=vlm.heads, kv_heads=vlm.kv_heads,
+                         head_dim=vlm.head_dim)  # fmt: skip
     patch = _shape(header, "embeddings.patch_embedding.weight")
     n_pos = _shape(header, "embeddings.position_embedding.weight")[0]
     grid = round(n_pos**0.5)
@@ -252,6 +261,9 @@ def config_from_checkpoint(
         heads=SIGLIP_SO400M_HEADS if patch[0] % SIGLIP_SO400M_HEADS == 0 else 1,
         mlp_dim=_shape(header, "encoder.layers.0.mlp.fc1.weight")[0],
     )
+    if kind == "pi0_fast":
+        cfg = _pi0_fast_config(folder, meta, vision, vlm, expert)
+        return _apply(cfg, overrides), kind, meta
     action_dim = _shape(header, "action_in_proj.weight")[1]
     state_dim = _shape(header, "state_proj.weight")[1] if kind == "pi0" else meta.get("max_state_dim", 32)
     cameras = camera_names(meta)
@@ -271,11 +283,77 @@ def config_from_checkpoint(
         time_max_period=meta.get("max_period", 4.0),
         tokenizer=str(folder),
     )
-    cfg = with_kind(cfg, kind)
-    if overrides:
-        top = Config(model=cfg, eval=EvalConfig(steps_per_chunk=min(8, horizon)))
-        cfg = apply_overrides(top, [o if o.startswith("model.") else "model." + o for o in overrides]).model
-    return cfg, kind, meta
+    return _apply(with_kind(cfg, kind), overrides), kind, meta
+
+
+def _apply(cfg: ModelConfig, overrides: list[str] | tuple[str, ...]) -> ModelConfig:
+    if not overrides:
+        return cfg
+    top = Config(model=cfg, eval=EvalConfig(steps_per_chunk=min(8, cfg.action_horizon)))
+    return apply_overrides(top, [o if o.startswith("model.") else "model." + o for o in overrides]).model
+
+
+def _pi0_fast_config(
+    folder: Path, meta: dict, vision: VisionConfig, vlm: DecoderConfig, expert: DecoderConfig
+) -> ModelConfig:
+    """pi0-FAST: PaliGemma + the token head in LeRobot's layout (``model.tokens.sequence=pi0_fast``):
+    greedy or sampled over the whole vocabulary, at most ``max_decoding_steps`` tokens, FAST ids at
+    ``vocab - 1 - fast_skip_tokens - k``. The FAST processor (``find_fast_processor``) gives the
+    scale and the BPE size."""
+    from tokenizers import Tokenizer
+
+    proc = find_fast_processor(folder, meta)
+    scale = read_json(proc / "processor_config.json").get("scale")
+    n_bpe = Tokenizer.from_file(str(proc / "tokenizer.json")).get_vocab_size()
+    steps = int(meta.get("max_decoding_steps", 256))
+    horizon = meta.get("chunk_size", 50)
+    if meta.get("n_action_steps", horizon) != horizon:
+        # LeRobot decodes FAST with n_action_steps as the horizon, which only works when they are equal.
+        raise ValueError(f"{folder}: pi0_fast with n_action_steps != chunk_size ({horizon}) is not supported")
+    tokens = TokenHeadConfig(
+        tokenizer="fast",
+        placement="skip_special",
+        fast_scale=float(scale),
+        fast_vocab_size=n_bpe,
+        max_action_tokens=steps,
+        temperature=float(meta.get("temperature", 0.0)),
+        max_decode_steps=steps,
+        constrained=False,
+        sequence="pi0_fast",
+    )
+    return ModelConfig(
+        vision=vision,
+        vlm=vlm,
+        expert=expert,
+        head="tokens",
+        tokens=tokens,
+        action_horizon=horizon,
+        action_dim=meta.get("max_action_dim", 32),
+        state_dim=meta.get("max_state_dim", 32),
+        camera_names=camera_names(meta),
+        image_resize="pad",  # openpi/LeRobot resize_with_pad, also when fine-tuning it
+        max_text_len=meta.get("tokenizer_max_length", 200),
+        tokenizer=str(folder),
+    )
+
+
+def find_fast_processor(folder: str | Path, meta: dict) -> Path:
+    """The FAST action tokenizer of a pi0_fast checkpoint (``processor_config.json`` +
+    ``tokenizer.json``): ``<folder>/fast_tokenizer/``, else ``action_tokenizer_name`` as a folder,
+    else its snapshot in the local Hugging Face cache. Nothing is downloaded."""
+    folder = Path(folder)
+    name = meta.get("action_tokenizer_name") or "lerobot/fast-action-tokenizer"
+    candidates = [folder / "fast_tokenizer", Path(name).expanduser()]
+    if re.fullmatch(r"[\w.-]+/[\w.-]+", name) and hf_snapshot(name) is not None:
+        candidates.append(hf_snapshot(name))
+    for c in candidates:
+        if (c / "processor_config.json").is_file() and (c / "tokenizer.json").is_file():
+            return c
+    raise ValueError(
+        f"{folder}: no FAST action tokenizer (processor_config.json + tokenizer.json) in "
+        f"{folder / 'fast_tokenizer'} nor in the local Hugging Face cache of {name!r}; copy it there "
+        f"(`huggingface-cli download {name} --local-dir {folder / 'fast_tokenizer'}`)"
+    )
 
 
 def with_kind(cfg: ModelConfig, kind: str) -> ModelConfig:
@@ -329,6 +407,8 @@ def load_weights(
         except KeyError:
             unexpected.append(key)
             continue
+        if our is None and "head.lm_head.weight" in ours and canonical_key(key) == _LM_HEAD:
+            our = "head.lm_head.weight"  # pi0-FAST: LeRobot's PaliGemma LM head is not tied to the embedding
         if our is None:
             ignored.append(key)
             continue
@@ -383,7 +463,8 @@ def load_checkpoint(
     strict: bool = True,
     dtype: torch.dtype | None = None,
 ) -> tuple[torch.nn.Module, str, dict]:
-    """A LeRobot or openpi folder -> (our VLA on the CPU, "pi0" | "pi05", its config.json)."""
+    """A LeRobot or openpi folder -> (our VLA on the CPU, "pi0" | "pi05" | "pi0_fast", its config.json).
+    A pi0_fast model still needs its action tokenizer: ``models.convert.pi0_fast.attach_tokenizers``."""
     from vlastack.models.vla import VLA
 
     folder = resolve_checkpoint(path)

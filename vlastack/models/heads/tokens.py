@@ -58,7 +58,9 @@ class TokenHead(HeadBase):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.cfg, tc, w = cfg, cfg.tokens, cfg.vlm.width
-        if tc.state_input == "continuous":
+        if tc.sequence == "pi0_fast":
+            pass  # the state is written into the prompt text (infer/preprocess.py)
+        elif tc.state_input == "continuous":
             self.state_proj = nn.Linear(cfg.state_dim, w)
         else:
             self.state_embed = nn.Embedding(tc.state_bins, w)
@@ -69,8 +71,15 @@ class TokenHead(HeadBase):
         if tc.decoding == "parallel":
             self.action_queries = nn.Embedding(cfg.action_horizon * cfg.action_dim, w)
         self.regression = nn.Linear(w, 1) if tc.regression_head else None
+        # pi0-FAST: LeRobot's PaliGemma keeps its LM head apart from the (text) embedding.
+        self.lm_head = nn.Linear(w, cfg.vlm.vocab_size, bias=False) if tc.sequence == "pi0_fast" else None
         self._tokenizer: ActionTokenizer | None = None
         self.end_id: int | None = None
+        # pi0-FAST layout: the text ids the model writes before the FAST ids ("Action: ") and the
+        # id that closes the prompt block (<bos>); set with the tokenizer (save_extra/load_extra).
+        self.prefix_ids: list[int] = []
+        self.bos_id: int | None = None
+        self.require_prefix = True  # a sequence not starting with the prefix is invalid
 
     # ------------------------------------------------------------------ tokenizer
 
@@ -100,7 +109,11 @@ class TokenHead(HeadBase):
         """Use ``tok`` (fitted); registers its id tables as non-persistent buffers on this device."""
         c, tc = self.cfg, self.cfg.tokens
         pl = tok.placement
-        if tok.kind != tc.tokenizer or pl.strategy != tc.placement or pl.vocab_size != c.vlm.vocab_size:
+        if (
+            (tok.family or tok.kind) != tc.tokenizer
+            or pl.strategy != tc.placement
+            or pl.vocab_size != c.vlm.vocab_size
+        ):
             raise ValueError(
                 f"action tokenizer ({tok.kind}, {pl.strategy}, LM vocab {pl.vocab_size}) does not match "
                 f"model.tokens ({tc.tokenizer}, {tc.placement}, LM vocab {c.vlm.vocab_size})"
@@ -113,13 +126,14 @@ class TokenHead(HeadBase):
         if tc.tokenizer == "fast" and self.end_id is None:
             raise ValueError("FAST needs an end id; set head.end_id before attaching")
         tok._require_fitted()
-        n_used = tok.bpe_vocab_size if tok.kind == "fast" else pl.n
+        n_used = tok.bpe_vocab_size if (tok.family or tok.kind) == "fast" else pl.n
         vocab = c.vlm.vocab_size + (self.new_rows.num_embeddings if self.new_rows is not None else 0)
         assert pl.required_vocab_size <= vocab, (pl.required_vocab_size, vocab)
         allowed = torch.zeros(vocab, dtype=torch.bool)
         allowed[torch.from_numpy(pl.ids[:n_used])] = True
         if self.end_id is not None:
             allowed[self.end_id] = True
+        allowed[self.prefix_ids] = True
         inverse = torch.full((vocab,), -1, dtype=torch.long)
         inverse[torch.from_numpy(pl.ids)] = torch.arange(pl.n)
         device = next(self.parameters()).device
@@ -183,14 +197,21 @@ class TokenHead(HeadBase):
 
     def prepare(self, dataset: Any, max_chunks: int = 10_000) -> None:
         """Fit (FAST) or size (bins) the action tokenizer on the first ``max_chunks`` training
-        chunks, in dataset order, so every rank and every resume fits the same tokenizer."""
+        chunks, in dataset order, so every rank and every resume fits the same tokenizer. A tokenizer
+        already attached (fine-tuning from a checkpoint, e.g. an imported pi0-FAST) is kept: its
+        token ids are what the weights learned."""
+        if self._tokenizer is not None:
+            return
         loader = torch.utils.data.DataLoader(dataset, batch_size=256, shuffle=False, num_workers=0)
         self.fit_tokenizer_from_batches(loader, max_chunks=max_chunks)
 
     def copy_extra_from(self, other: ActionHead) -> None:
         """The fitted action tokenizer is saved with the weights: carry it to an exported copy."""
         assert isinstance(other, TokenHead)
-        self.end_id = other.end_id
+        if other._tokenizer is None:
+            return  # nothing fitted or loaded yet (bins build the same one lazily)
+        self.end_id, self.bos_id, self.prefix_ids = other.end_id, other.bos_id, list(other.prefix_ids)
+        self.require_prefix = other.require_prefix
         self.attach_tokenizer(other.tokenizer)
 
     def check_exportable(self) -> None:
@@ -205,22 +226,40 @@ class TokenHead(HeadBase):
         if self._tokenizer is None and self.cfg.tokens.tokenizer != "bins":
             return  # an unfitted FAST head has nothing to save
         d = self.tokenizer.save(Path(path) / TOKENIZER_DIR)
-        (d / HEAD_FILE).write_text(json.dumps({"end_id": self.end_id}) + "\n")
+        ids = {"end_id": self.end_id, "prefix_ids": self.prefix_ids, "bos_id": self.bos_id,
+               "require_prefix": self.require_prefix}  # fmt: skip
+        (d / HEAD_FILE).write_text(json.dumps(ids) + "\n")
 
     def load_extra(self, path: Path) -> None:
         """Called by ``VLA.from_pretrained``: attaches ``action_tokenizer/`` when present."""
         d = Path(path) / TOKENIZER_DIR
         if d.is_dir():
-            self.end_id = json.loads((d / HEAD_FILE).read_text())["end_id"]
+            ids = json.loads((d / HEAD_FILE).read_text())
+            self.end_id, self.bos_id = ids["end_id"], ids.get("bos_id")
+            self.prefix_ids = list(ids.get("prefix_ids", []))
+            self.require_prefix = bool(ids.get("require_prefix", True))
             self.attach_tokenizer(load_action_tokenizer(d))
 
     # ------------------------------------------------------------------ embeddings
 
     @property
     def num_steps(self) -> int:
-        """Decode length: H*A_real for bins, max_action_tokens + 1 (EOS) for FAST."""
+        """Decode length: H*A_real for bins, max_action_tokens + 1 (end) for FAST (+ the pi0-FAST
+        prefix), capped at ``model.tokens.max_decode_steps`` when that is set."""
         fixed = self.tokenizer.fixed_length
-        return fixed if fixed is not None else self.cfg.tokens.max_action_tokens + 1
+        need = fixed if fixed is not None else len(self.prefix_ids) + self.cfg.tokens.max_action_tokens + 1
+        cap = self.cfg.tokens.max_decode_steps
+        return min(need, cap) if cap else need
+
+    def _pi0_fast_prompt(self, backbone: Backbone, batch: Batch) -> tuple[Tensor, Tensor]:
+        """pi0-FAST's prompt block: [images | text (state included) | <bos>], one bidirectional block
+        (LeRobot's ``sample_actions_fast_kv_cache`` appends <bos> after the padded text)."""
+        if self.bos_id is None:
+            raise ValueError("the pi0_fast layout needs head.bos_id (set when its tokenizer is attached)")
+        prefix, pad = backbone.embed_prefix(batch)
+        b = pad.shape[0]
+        bos = self.embed_ids(backbone, torch.full((b, 1), self.bos_id, dtype=torch.long, device=pad.device))
+        return torch.cat([prefix, bos.to(prefix.dtype)], dim=1), torch.cat([pad, pad.new_ones(b, 1)], dim=1)
 
     def embed_ids(self, backbone: Backbone, ids: Tensor) -> Tensor:
         """LM ids [B, T] (including new rows) -> [B, T, W], scaled like text embeddings."""
@@ -233,6 +272,8 @@ class TokenHead(HeadBase):
 
     def logits(self, backbone: Backbone, h: Tensor) -> Tensor:
         """Final hidden states [..., W] -> fp32 logits [..., vocab (+ new rows)]."""
+        if self.lm_head is not None:
+            return (h @ self.lm_head.weight.t().to(h.dtype)).float()
         out = backbone.decoder.logits(h)
         if self.new_rows is None:
             return out
@@ -240,6 +281,8 @@ class TokenHead(HeadBase):
 
     def embed_prompt(self, backbone: Backbone, batch: Batch) -> tuple[Tensor, Tensor]:
         """-> prompt [B, P', W] (images, text, state tokens) and its pad mask bool [B, P']."""
+        if self.cfg.tokens.sequence == "pi0_fast":
+            return self._pi0_fast_prompt(backbone, batch)
         prefix, pad = backbone.embed_prefix(batch)
         state = batch["state"]
         if self.cfg.tokens.state_input == "continuous":
@@ -265,7 +308,8 @@ class TokenHead(HeadBase):
             )
         is_pad = batch["action_is_pad"]
         acts = torch.where(dim_mask[:, None, :], batch["actions"].float(), 0.0)
-        acts = hold_last_step(acts, is_pad)[:, :, :ad].clamp(-1, 1)
+        acts = hold_last_step(acts, is_pad)[:, :, :ad]
+        acts = acts.clamp(-1, 1) if tok.clip_output else acts  # pi0-FAST (MEAN_STD) is not clipped
         b = is_pad.shape[0]
         if tok.fixed_length is not None:  # bins, in torch (same formula as BinTokenizer, fp64)
             nb = tok.num_bins
@@ -274,6 +318,8 @@ class TokenHead(HeadBase):
             weight = (~is_pad)[:, :, None] & dim_mask[:, None, :ad]
             return ids, weight.reshape(b, -1).float(), acts
         seqs = tok.encode_batch(acts.detach().cpu().numpy())
+        if self.prefix_ids:  # pi0-FAST writes "Action: " before the FAST ids
+            seqs = [np.concatenate([np.asarray(self.prefix_ids, dtype=np.int64), s]) for s in seqs]
         length = self.num_steps
         ids = torch.full((b, length), self.end_id, dtype=torch.long)
         weight = torch.zeros(b, length)
@@ -327,13 +373,26 @@ class TokenHead(HeadBase):
 
     # ------------------------------------------------------------------ decoding
 
-    def pick(self, logits: Tensor, temperature: float) -> Tensor:
-        """Logits [B, V] -> next ids [B] among the action ids (+ end). Gumbel-max when temperature > 0."""
-        logits = logits.masked_fill(~self.allowed_ids, float("-inf"))
-        if temperature > 0:
-            u = torch.rand_like(logits).clamp(1e-10, 1.0 - 1e-7)
-            logits = logits / temperature - torch.log(-torch.log(u))
-        return logits.argmax(-1)
+    def pick(
+        self, logits: Tensor, temperature: float = 0.0, top_p: float = 1.0, u: Tensor | None = None
+    ) -> Tensor:
+        """Logits [B, V] -> next ids [B]. Greedy at temperature 0; otherwise a sample at
+        ``temperature`` from the top-p nucleus, by Gumbel-max over uniform noise ``u`` [B, V] (the
+        caller draws it from its generator, outside any compiled graph; None: the global RNG).
+        ``model.tokens.constrained``: only action ids, the end id and the pi0-FAST prefix."""
+        if self.cfg.tokens.constrained:
+            logits = logits.masked_fill(~self.allowed_ids, float("-inf"))
+        if temperature <= 0:
+            return logits.argmax(-1)
+        logits = logits.float() / temperature
+        if top_p < 1.0:
+            ranked, order = logits.sort(dim=-1, descending=True)
+            probs = ranked.softmax(-1)
+            # drop an id once the ids ranked above it hold top_p of the mass (the top one stays)
+            drop = (probs.cumsum(-1) - probs) >= top_p
+            logits = logits.masked_fill(torch.zeros_like(drop).scatter(-1, order, drop), float("-inf"))
+        u = torch.rand_like(logits) if u is None else u
+        return (logits - torch.log(-torch.log(u.clamp(1e-10, 1.0 - 1e-7)))).argmax(-1)
 
     def prefill(self, backbone: Backbone, batch: Batch) -> tuple[StaticKVCache, Tensor, Tensor, Tensor]:
         """Prompt into a fresh cache of P' + num_steps slots. -> (cache, logits [B, V] for token 0,
@@ -357,10 +416,13 @@ class TokenHead(HeadBase):
         pad: Tensor,
         n_valid: Tensor,
         temperature: float = 0.0,
+        top_p: float = 1.0,
+        u: Tensor | None = None,
     ) -> tuple[Tensor, Tensor]:
         """Feed action token ``step`` (prev [B]) at cache slot P' + step (0-d LongTensor) and pick
-        token step + 1. done [B]: sequences past their end token, which keep emitting it.
-        -> (next ids [B], done [B]). Fixed shapes, no host sync: compiles without graph breaks."""
+        token step + 1 (``pick``; ``u`` [B, V] its sampling noise). done [B]: sequences past their
+        end token, which keep emitting it. -> (next ids [B], done [B]). Fixed shapes, no host sync:
+        compiles without graph breaks (tests/models/test_token_decoding.py)."""
         b, p = pad.shape
         x = self.embed_ids(backbone, prev[:, None])
         positions = (n_valid + step)[:, None]
@@ -368,25 +430,42 @@ class TokenHead(HeadBase):
         mask = torch.cat([pad, seen[None].expand(b, -1)], dim=1)[:, None, None, :]
         slot = (step + p).reshape(1)
         h = backbone.decoder([x, None], positions, mask, cache=cache, cache_pos=slot, attend_cache=True).vlm
-        nxt = self.pick(self.logits(backbone, h[:, 0]), temperature)
+        nxt = self.pick(self.logits(backbone, h[:, 0]), temperature, top_p, u)
         if self.end_id is None:
             return nxt, done
         nxt = torch.where(done, torch.full_like(nxt, self.end_id), nxt)
         return nxt, done | (nxt == self.end_id)
 
     def generate(
-        self, backbone: Backbone, batch: Batch, temperature: float | None = None
+        self,
+        backbone: Backbone,
+        batch: Batch,
+        temperature: float | None = None,
+        top_p: float | None = None,
+        generator: torch.Generator | None = None,
     ) -> tuple[Tensor, Tensor]:
-        """Autoregressive decoding with the static cache. -> ids int64 [B, num_steps], lengths [B]
-        (action tokens before the first end token)."""
-        temp = self.cfg.tokens.temperature if temperature is None else temperature
+        """Autoregressive decoding with the static cache, ``num_steps`` tokens (the hard cap).
+        ``temperature`` / ``top_p``: None -> model.tokens'; sampling noise comes from ``generator``
+        (seeded: same seed, same tokens) or the global RNG. -> ids int64 [B, num_steps], lengths [B]
+        (tokens before the first end token)."""
+        tc = self.cfg.tokens
+        temp = tc.temperature if temperature is None else float(temperature)
+        top_p = tc.top_p if top_p is None else float(top_p)
+        if temp < 0 or not 0 < top_p <= 1:
+            raise ValueError(f"need temperature >= 0 and top_p in (0, 1], got {temp}, {top_p}")
         cache, logits, pad, n_valid = self.prefill(backbone, batch)
-        tok = self.pick(logits, temp)
+
+        def noise() -> Tensor | None:
+            return None if temp <= 0 else torch.rand(logits.shape, generator=generator, device=logits.device)
+
+        tok = self.pick(logits, temp, top_p, noise())
         done = tok == self.end_id if self.end_id is not None else torch.zeros_like(tok, dtype=torch.bool)
         out = [tok]
         steps = torch.arange(self.num_steps, device=pad.device)
         for i in range(self.num_steps - 1):
-            tok, done = self.decode_step(backbone, cache, tok, done, steps[i], pad, n_valid, temp)
+            tok, done = self.decode_step(
+                backbone, cache, tok, done, steps[i], pad, n_valid, temp, top_p, noise()
+            )
             out.append(tok)
         return torch.stack(out, dim=1), self._lengths(torch.stack(out, dim=1))
 
@@ -398,7 +477,9 @@ class TokenHead(HeadBase):
         return torch.where(is_end.any(-1), first, torch.full_like(first, ids.shape[1]))
 
     def decode_actions(self, ids: Tensor, lengths: Tensor) -> tuple[Tensor, Tensor]:
-        """LM ids [B, T] + lengths [B] -> (actions fp32 [B, H, A] with padded dims 0, valid bool [B])."""
+        """LM ids [B, T] + lengths [B] -> (actions fp32 [B, H, A] with padded dims 0, valid bool [B]).
+        pi0-FAST: every "Action: " prefix is removed first (as LeRobot does); a row that does not
+        start with it is invalid (LeRobot asserts) unless ``require_prefix`` is off."""
         tok = self.tokenizer
         b, c = ids.shape[0], self.cfg
         out = torch.zeros(b, c.action_horizon, c.action_dim, device=ids.device)
@@ -408,17 +489,34 @@ class TokenHead(HeadBase):
             centers = -1.0 + (internal.clamp(min=0).float() + 0.5) * (2.0 / tok.num_bins)
             chunk = centers.view(b, c.action_horizon, tok.action_dim) * valid[:, None, None]
         else:
-            chunk, valid = tok.decode_batch(ids.cpu().numpy(), lengths.cpu().numpy())
-            chunk, valid = torch.from_numpy(chunk).to(ids.device), torch.from_numpy(valid).to(ids.device)
+            rows, lens = ids.cpu().numpy(), lengths.cpu().numpy()
+            started = np.ones(b, dtype=bool)
+            if self.prefix_ids:
+                rows, lens, started = strip_prefix(rows, lens, self.prefix_ids)
+                started |= not self.require_prefix
+            chunk, valid = tok.decode_batch(rows, lens)
+            chunk, valid = torch.from_numpy(chunk), torch.from_numpy(valid & started)
+            chunk, valid = (chunk * valid[:, None, None]).to(ids.device), valid.to(ids.device)
         out[:, :, : tok.action_dim] = chunk
         return out, valid
 
-    def sample(self, backbone: Backbone, batch: Batch, noise: Tensor | None = None) -> ActionOutput:
-        """-> ActionOutput(normalized actions fp32 [B, H, A] in [-1, 1], valid bool [B]).
-        ``noise`` is a flow head's input and is ignored (sampling randomness is the temperature)."""
+    def sample(
+        self,
+        backbone: Backbone,
+        batch: Batch,
+        noise: Tensor | None = None,
+        temperature: float | None = None,
+        top_p: float | None = None,
+        generator: torch.Generator | None = None,
+    ) -> ActionOutput:
+        """-> ActionOutput(normalized actions fp32 [B, H, A], valid bool [B]); an invalid row is
+        zeros (Policy applies ``model.tokens.invalid_decode``). ``noise`` is a flow head's input and
+        is ignored; decoding options as in ``generate``."""
         if self.cfg.tokens.decoding == "parallel":
             return ActionOutput(*self.sample_parallel(backbone, batch))
-        return ActionOutput(*self.decode_actions(*self.generate(backbone, batch)))
+        return ActionOutput(
+            *self.decode_actions(*self.generate(backbone, batch, temperature, top_p, generator))
+        )
 
     def compile_decoding(self, **kwargs: Any) -> None:
         """torch.compile the hot part (fullgraph): the per-token decode step, or the one parallel
@@ -442,3 +540,25 @@ class TokenHead(HeadBase):
             pred = self.regression(h).float().view(b, self.cfg.action_horizon, ad).clamp(-1, 1)
             actions[:, :, :ad] = pred
         return actions, valid
+
+
+def strip_prefix(
+    ids: np.ndarray, lengths: np.ndarray, prefix: list[int]
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """pi0-FAST: remove every occurrence of ``prefix`` ("Action: ") from each row's first
+    ``lengths`` ids, scanning as LeRobot's ``detokenize_actions`` does. ids int64 [B, T], lengths
+    [B] -> (ids [B, T], lengths [B], the row started with the prefix bool [B])."""
+    out, new_len = np.zeros_like(ids), np.zeros_like(lengths)
+    started = np.zeros(len(ids), dtype=bool)
+    k = len(prefix)
+    for r in range(len(ids)):
+        seq = ids[r, : lengths[r]].tolist()
+        started[r] = seq[:k] == prefix
+        i = 0
+        while i <= len(seq) - k:
+            if seq[i : i + k] == prefix:
+                seq = seq[:i] + seq[i + k :]
+            else:
+                i += 1
+        out[r, : len(seq)], new_len[r] = seq, len(seq)
+    return out, new_len, started

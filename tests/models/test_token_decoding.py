@@ -1,0 +1,172 @@
+"""Token-head decoding options: greedy, temperature and top-p sampling (seeded), the hard cap on
+generated tokens, the invalid-decode policy, and the decode step compiled with no graph breaks."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+import torch
+
+from tests.models.test_token_head import make, micro, train
+from vlastack.config import ConfigError, TokenHeadConfig
+from vlastack.infer.policy import Policy
+
+
+def _gen(seed: int) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+@pytest.fixture(scope="module")
+def fast_model():
+    """A FAST head fitted to two chunks (its greedy decodes are valid)."""
+    m, b = make(micro(tokenizer="fast", max_action_tokens=10))
+    train(m, b, 30, 1e-2)
+    return m.eval(), b
+
+
+def test_config_checks():
+    for bad in ({"top_p": 0.0}, {"top_p": 1.5}, {"max_decode_steps": -1}, {"invalid_decode": "skip"},
+                {"sequence": "openvla"}, {"sequence": "pi0_fast"}):  # fmt: skip
+        with pytest.raises(ConfigError):
+            TokenHeadConfig(**bad)
+    TokenHeadConfig(tokenizer="fast", sequence="pi0_fast", top_p=0.9, invalid_decode="repeat_last")
+
+
+def test_pick_greedy_top_p_and_constraint(fast_model):
+    m, _ = fast_model
+    h = m.head
+    v = h.allowed_ids.numel()
+    allowed = h.allowed_ids.nonzero().flatten()
+    logits = torch.full((1, v), -5.0)
+    logits[0, allowed[:3]] = torch.tensor([3.0, 2.9, 0.0])  # top two hold ~0.9 of the mass
+    logits[0, 0] = 100.0  # a disallowed id: never picked while constrained
+    assert h.pick(logits, 0.0).item() == allowed[0]
+    draws = torch.stack([h.pick(logits, 1.0, 0.8, torch.rand(1, v, generator=_gen(i))) for i in range(200)])
+    assert set(draws.flatten().tolist()) == {allowed[0].item(), allowed[1].item()}
+    assert h.pick(logits, 1.0, 1e-6, torch.rand(1, v)).item() == allowed[0]  # nucleus of one: greedy
+    wide = {h.pick(logits, 1.0, 1.0, torch.rand(1, v, generator=_gen(i))).item() for i in range(300)}
+    assert allowed[2].item() in wide and 0 not in wide
+
+
+def test_sampling_is_seeded(fast_model):
+    m, b = fast_model
+    h = m.head
+    with torch.no_grad():
+        greedy, _ = h.generate(m, b)
+        a, _ = h.generate(m, b, temperature=3.0, generator=_gen(1))
+        a2, _ = h.generate(m, b, temperature=3.0, generator=_gen(1))
+        c, _ = h.generate(m, b, temperature=3.0, generator=_gen(2))
+        narrow, _ = h.generate(m, b, temperature=3.0, top_p=1e-6, generator=_gen(1))
+    assert torch.equal(a, a2) and not torch.equal(a, c)
+    assert torch.equal(narrow, greedy)  # top-p of one id is greedy at any temperature
+    assert h.allowed_ids[a].all()
+
+
+def test_cap_on_generated_tokens(fast_model):
+    m, b = fast_model
+    h = m.head
+    full = h.num_steps
+    assert full == m.cfg.tokens.max_action_tokens + 1
+    with torch.no_grad():
+        ids, lengths = h.generate(m, b)
+        need = int(lengths.min())  # FAST tokens of the shorter sequence
+        _, valid = m.sample(b)
+        h.cfg = replace(h.cfg, tokens=replace(h.cfg.tokens, max_decode_steps=max(need - 1, 1)))
+        try:
+            capped, _ = h.generate(m, b)
+            out, capped_valid = m.sample(b)
+        finally:
+            h.cfg = m.cfg
+    assert capped.shape[1] == max(need - 1, 1) < full
+    assert torch.equal(capped, ids[:, : capped.shape[1]])  # the cap cuts, it does not change tokens
+    assert valid.all() and not capped_valid.any() and (out == 0).all()
+
+
+def test_policy_invalid_decode_policy(fast_model, tmp_path):
+    """zero: the invalid chunk is zeros, flagged; repeat_last: the last valid chunk, flagged and
+    marked repeated; both counted in decode_stats; reset() forgets the last chunk."""
+    from vlastack.models.heads import ActionOutput
+
+    m, _ = fast_model
+    m.save_pretrained(tmp_path / "p")
+    obs = {"images": {"scene": np.zeros((16, 16, 3), np.uint8)}, "state": np.zeros(3, np.float32),
+           "prompt": "go"}  # fmt: skip
+    chunk = torch.arange(16, dtype=torch.float32).view(1, 4, 4) / 16
+    script = iter([True, False, False, True])
+
+    def sample(batch, noise=None, **kw):
+        ok = next(script)
+        return ActionOutput(chunk if ok else torch.zeros_like(chunk), torch.tensor([ok]))
+
+    for name in ("zero", "repeat_last"):
+        p = Policy.from_pretrained(tmp_path / "p")
+        p.invalid_decode = name
+        p.model.sample = sample
+        script = iter([True, False])
+        ok, bad = p.infer(obs), p.infer(obs)
+        assert ok["valid"] and not ok["repeated"] and not bad["valid"]
+        assert bad["repeated"] == (name == "repeat_last")
+        want = ok["actions"] if name == "repeat_last" else np.zeros_like(ok["actions"])
+        np.testing.assert_array_equal(bad["actions"], want)
+        assert p.decode_stats == {"chunks": 2, "invalid": 1, "repeated": int(name == "repeat_last")}
+        script = iter([False])
+        p.reset()  # a new episode forgets the last valid chunk
+        again = p.infer(obs)
+        assert not again["repeated"] and not again["actions"].any()
+
+
+def test_policy_sampling_follows_its_seed(tmp_path):
+    m, _ = make(micro(tokenizer="bins", temperature=2.0))
+    m.save_pretrained(tmp_path)
+    obs = {"images": {"scene": np.full((16, 16, 3), 90, np.uint8)}, "state": np.zeros(3, np.float32),
+           "prompt": "go"}  # fmt: skip
+    a = Policy.from_pretrained(tmp_path, seed=5).infer(obs)["actions"]
+    b = Policy.from_pretrained(tmp_path, seed=5).infer(obs)["actions"]
+    c = Policy.from_pretrained(tmp_path, seed=6).infer(obs)["actions"]
+    np.testing.assert_array_equal(a, b)
+    assert not np.array_equal(a, c)
+
+
+def test_decode_step_compiles_fullgraph_with_sampling(fast_model):
+    """The per-token step with temperature and top-p sampling is one graph: torch.compile with
+    fullgraph=True (which raises on any graph break; eager backend, so it checks the capture, not
+    inductor codegen) decodes the same tokens as eager. Greedy: test_token_head.py's explain test."""
+    import torch._dynamo as dynamo
+
+    m, b = fast_model
+    h = m.head
+    step = h.decode_step
+    with torch.no_grad():
+        eager, _ = h.generate(m, b, 1.5, 0.9, generator=_gen(3))
+        dynamo.reset()
+        h.decode_step = torch.compile(step, fullgraph=True, dynamic=False, backend="eager")
+        try:
+            compiled, _ = h.generate(m, b, 1.5, 0.9, generator=_gen(3))
+        finally:
+            h.decode_step = step
+            dynamo.reset()
+    assert torch.equal(compiled, eager)
+
+
+def test_server_metrics_count_token_chunks():
+    from vlastack.infer.metrics import Metrics
+
+    stats = {"chunks": 5, "invalid": 2, "repeated": 1}
+    text = Metrics(decode_stats=lambda: stats).render()
+    assert 'vla_token_chunks_total{result="invalid"} 2' in text
+    assert 'vla_token_chunks_total{result="repeated"} 1' in text
+    assert "vla_token_chunks_total" not in Metrics().render()
+
+
+def test_policy_decoding_options_override_the_config(fast_model, tmp_path):
+    """Policy(decoding=...) / `vla serve --decode KEY=VALUE`: checked like config keys."""
+    m, _ = fast_model
+    m.save_pretrained(tmp_path / "p")
+    p = Policy.from_pretrained(tmp_path / "p", decoding={"top_p": "0.5", "invalid_decode": "repeat_last"})
+    assert p.cfg.tokens.top_p == 0.5 and p.model.head.cfg is p.cfg and p.invalid_decode == "repeat_last"
+    with pytest.raises(ValueError, match="unknown decoding option"):
+        Policy.from_pretrained(tmp_path / "p", decoding={"beam": 4})
+    with pytest.raises(ConfigError, match="top_p"):
+        Policy.from_pretrained(tmp_path / "p", decoding={"top_p": 2})
