@@ -120,6 +120,11 @@ class TokenHeadConfig:
     # pi05, as one discrete token per dim (``state_bins`` uniform bins over [-1, 1]).
     state_input: str = "continuous"  # continuous | discrete
     state_bins: int = 256
+    # Training targets. bin_sigma (bins): a Gaussian over neighbouring bins (std in bins) instead
+    # of one-hot; label_smoothing: uniform smoothing; l1_weight: the L1 head's loss weight.
+    bin_sigma: float = 0.0
+    label_smoothing: float = 0.0
+    l1_weight: float = 1.0
 
     def __post_init__(self) -> None:
         _check(
@@ -128,6 +133,11 @@ class TokenHeadConfig:
             f"must be 'continuous' or 'discrete', got {self.state_input!r}",
         )
         _check(self.state_bins >= 2, "state_bins", f"must be >= 2, got {self.state_bins}")
+        _check(self.bin_sigma >= 0, "bin_sigma", f"must be >= 0, got {self.bin_sigma}")
+        _check(
+            0 <= self.label_smoothing < 1, "label_smoothing", f"must be in [0, 1), got {self.label_smoothing}"
+        )
+        _check(self.l1_weight >= 0, "l1_weight", f"must be >= 0, got {self.l1_weight}")
         _check(
             self.tokenizer in ("bins", "fast"),
             "tokenizer",
@@ -270,9 +280,10 @@ class ModelConfig:
         )
         if g.points:
             _check(
-                self.head == "flow",
+                self.head == "flow" or self.tokens.state_input == "continuous",
                 "grounding.points",
-                "grounding feeds the flow head's expert: needs head='flow'",
+                "grounding feeds the token head's continuous state token: needs "
+                "tokens.state_input='continuous'",
             )
             _check(
                 -v.depth <= g.layer < v.depth,
