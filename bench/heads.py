@@ -372,9 +372,9 @@ def table(res: dict) -> str:
     """The Markdown ranking table from heads.json."""
     tasks = ("reach", "push", "pick_place", "stack")
     lines = [
-        "| head | seed | steps | train samples/s (interleaved) | " + " | ".join(tasks)
+        "| head | seed | steps | train samples/s (1 thread, interleaved, loaded machine) | " + " | ".join(tasks)
         + " | mean | invalid decodes | latency p50 eager / compiled (ms) |",
-        "|---" * (9 + len(tasks) - 1) + "|",
+        "|---" * (7 + len(tasks)) + "|",
     ]  # fmt: skip
     timing = res.get("timing", {}).get("heads", {})
     for _name, r in sorted(
@@ -383,6 +383,13 @@ def table(res: dict) -> str:
         cl = r.get("closed_loop")
         lat = r.get("latency_ms_p50") or res.get("latency_ms_p50", {}).get("heads", {}).get(r.get("head"))
         sps = timing.get(r.get("head"), {}).get("samples_per_s_interleaved")
+        if r.get("stopped_at_step"):  # a run cut short: say how far it got
+            r = {
+                **r,
+                "steps": f"{r['stopped_at_step']} of {r['steps']} (evaluated: {r.get('checkpoint', 'final')})"
+                if cl
+                else r["steps"],
+            }
         cells = [f"{cl['tasks'].get(t, 0):.0%}" for t in tasks] if cl else ["-"] * len(tasks)
         lines.append(
             f"| {r.get('head')} | {r.get('seed')} | {r.get('steps')} | {sps:.0f} | " if sps else
