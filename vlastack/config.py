@@ -134,6 +134,11 @@ class TokenHeadConfig:
     # "pi0_fast": the LeRobot/openpi pi0-FAST layout (state in the prompt text, "<bos>" closes the
     # prompt block, the model writes "Action: " + FAST ids + "|"); set by `vla import`.
     sequence: str = "vlastack"  # vlastack | pi0_fast
+    # Training targets. bin_sigma (bins): a Gaussian over neighbouring bins (std in bins) instead
+    # of one-hot; label_smoothing: uniform smoothing; l1_weight: the L1 head's loss weight.
+    bin_sigma: float = 0.0
+    label_smoothing: float = 0.0
+    l1_weight: float = 1.0
 
     def __post_init__(self) -> None:
         _check(
@@ -142,6 +147,11 @@ class TokenHeadConfig:
             f"must be 'continuous' or 'discrete', got {self.state_input!r}",
         )
         _check(self.state_bins >= 2, "state_bins", f"must be >= 2, got {self.state_bins}")
+        _check(self.bin_sigma >= 0, "bin_sigma", f"must be >= 0, got {self.bin_sigma}")
+        _check(
+            0 <= self.label_smoothing < 1, "label_smoothing", f"must be in [0, 1), got {self.label_smoothing}"
+        )
+        _check(self.l1_weight >= 0, "l1_weight", f"must be >= 0, got {self.l1_weight}")
         _check(
             self.tokenizer in ("bins", "fast"),
             "tokenizer",
@@ -319,9 +329,10 @@ class ModelConfig:
                 "the recorded image positions assume image_resize='stretch'",
             )
             _check(
-                self.head == "flow",
+                self.head == "flow" or self.tokens.state_input == "continuous",
                 "grounding.points",
-                "grounding feeds the flow head's expert: needs head='flow'",
+                "grounding feeds the token head's continuous state token: needs "
+                "tokens.state_input='continuous'",
             )
             _check(
                 -v.depth <= g.layer < v.depth,

@@ -2,7 +2,8 @@
 
 - ``flow``: Pi0 / Pi0.5 flow matching with an action expert (``flow.py``);
 - ``tokens``: discrete action tokens from the VLM's LM head: bins, FAST, parallel (``tokens.py``);
-- add-on: ``model.grounding.points > 0`` wraps the flow head in ``GroundedFlowHead`` (``grounding.py``).
+- add-on: ``model.grounding.points > 0`` wraps the flow head in ``GroundedFlowHead`` (``grounding.py``)
+  and the token head in ``GroundedTokenHead`` (``grounded_tokens.py``).
 
 Adding a head: docs/adding-a-head.md.
 """
@@ -14,6 +15,7 @@ import importlib
 from vlastack.config import HEAD_REGISTRY, ModelConfig
 from vlastack.models.heads.base import ActionHead, ActionOutput, HeadBase
 from vlastack.models.heads.flow import FlowHead
+from vlastack.models.heads.grounded_tokens import GroundedTokenHead
 from vlastack.models.heads.grounding import GroundedFlowHead
 from vlastack.models.heads.tokens import TokenHead
 
@@ -26,11 +28,20 @@ def _resolve(path: str) -> type[ActionHead]:
 # The registry lives in config.HEAD_REGISTRY (one line per head); here its names become classes.
 HEADS: dict[str, type[ActionHead]] = {name: _resolve(path) for name, path in HEAD_REGISTRY.items()}
 
-__all__ = ["HEADS", "ActionHead", "ActionOutput", "FlowHead", "GroundedFlowHead", "HeadBase", "TokenHead"]
+__all__ = [
+    "HEADS",
+    "ActionHead",
+    "ActionOutput",
+    "FlowHead",
+    "GroundedFlowHead",
+    "GroundedTokenHead",
+    "HeadBase",
+    "TokenHead",
+]
 
 
 def head_class(cfg: ModelConfig) -> type[ActionHead]:
     """The head class ``cfg`` asks for (``cfg.head``, with its add-ons)."""
-    if cfg.grounding.points:  # config checks that grounding goes with the flow head
-        return GroundedFlowHead
+    if cfg.grounding.points:  # config checks that the head can take it
+        return GroundedTokenHead if cfg.head == "tokens" else GroundedFlowHead
     return HEADS[cfg.head]

@@ -206,6 +206,6 @@ class GroundedFlowHead(FlowHead):
 def predict_grounding(model: Backbone, batch: Batch) -> Tensor:
     """``model``'s grounding prediction (normalized units, fp32 [B, G]); ValueError without one."""
     head = getattr(model, "head", None)
-    if not isinstance(head, GroundedFlowHead):
+    if not hasattr(head, "predict_grounding"):
         raise ValueError("this model has no grounding head (model.grounding.points is 0)")
     return head.predict_grounding(model, batch)

@@ -349,17 +349,51 @@ class TokenHead(HeadBase):
         ).vlm
         return h[:, p - 1 :]
 
+    def train_run(
+        self, backbone: Backbone, batch: Batch, actions_in: Tensor, causal: bool
+    ) -> tuple[Tensor, Any]:
+        """Training forward: ``_run`` -> (hidden [B, T + 1, W], whatever ``extra_losses`` needs).
+        An add-on (``grounded_tokens.py``) overrides both."""
+        return self._run(backbone, batch, actions_in, causal), None
+
+    def extra_losses(self, out: dict[str, Tensor], aux: Any, batch: Batch) -> dict[str, Tensor]:
+        """Add an add-on's terms to the token loss ``out`` (``aux`` from ``train_run``)."""
+        return out
+
+    def token_ce(self, logits: Tensor, ids: Tensor) -> Tensor:
+        """Per-token cross-entropy fp32 [B, L] of logits [B, L, V] against LM ids [B, L].
+
+        ``tokens.bin_sigma`` > 0 (bins): the target is a discretized Gaussian over neighbouring
+        bins (std in bins) instead of one bin, so a near miss costs less than a far one; 256-way
+        one-hot targets treat bin 127 and bin 0 as equally wrong for a true bin 128.
+        ``tokens.label_smoothing``: the usual uniform smoothing (over the whole vocabulary)."""
+        tc = self.cfg.tokens
+        logits = logits.float()
+        if tc.bin_sigma > 0 and self.tokenizer.fixed_length is not None:
+            logp = logits.log_softmax(-1)[..., self.internal_to_lm]  # [B, L, bins]
+            q = self.lm_to_internal[ids].clamp(min=0).float()
+            bins = torch.arange(logp.shape[-1], device=logp.device, dtype=torch.float32)
+            kernel = torch.exp(-0.5 * ((bins - q[..., None]) / tc.bin_sigma).pow(2))
+            kernel = kernel / kernel.sum(-1, keepdim=True)
+            return -(kernel * logp).sum(-1)
+        b, length = ids.shape
+        ce = F.cross_entropy(
+            logits.flatten(0, 1), ids.flatten(), reduction="none", label_smoothing=tc.label_smoothing
+        )
+        return ce.view(b, length)
+
     def loss(self, backbone: Backbone, batch: Batch) -> dict[str, Tensor]:
         """Cross-entropy on the action tokens only (+ L1 when regression_head). -> {"loss", ...}."""
         ids, weight, acts = self.targets(batch)
         b, length = ids.shape
         if self.cfg.tokens.decoding == "parallel":
             queries = self.action_queries.weight[:length][None].expand(b, -1, -1)
-            h = self._run(backbone, batch, queries, causal=False)[:, 1:]
+            h, aux = self.train_run(backbone, batch, queries, causal=False)
+            h = h[:, 1:]
         else:  # teacher forcing: position i predicts token i from the prompt and tokens < i
-            h = self._run(backbone, batch, self.embed_ids(backbone, ids[:, :-1]), causal=True)
+            h, aux = self.train_run(backbone, batch, self.embed_ids(backbone, ids[:, :-1]), causal=True)
         logits = self.logits(backbone, h)
-        ce = F.cross_entropy(logits.flatten(0, 1), ids.flatten(), reduction="none").view(b, length)
+        ce = self.token_ce(logits, ids)
         denom = weight.sum().clamp(min=1.0)
         out = {"ce": (ce * weight).sum() / denom}
         with torch.no_grad():
@@ -368,8 +402,8 @@ class TokenHead(HeadBase):
         if self.regression is not None:
             pred = self.regression(h).squeeze(-1).float()
             out["l1"] = ((pred - acts.reshape(b, -1)).abs() * weight).sum() / denom
-            out["loss"] = out["loss"] + out["l1"]
-        return out
+            out["loss"] = out["loss"] + self.cfg.tokens.l1_weight * out["l1"]
+        return self.extra_losses(out, aux, batch)
 
     # ------------------------------------------------------------------ decoding
 

@@ -1,0 +1,451 @@
+"""Ranking of the action heads on the demo task: flow vs bins-AR, FAST-AR and bins-parallel + L1.
+
+Every head trains on the demo dataset (`vla demo`'s: 2000 scripted episodes, DART 0.1, lossless
+video) with the demo recipe (tiny preset, grounding head + attention loss, bf16, batch 32, EMA)
+and is evaluated closed-loop on 100 unseen-seed episodes, re-planning every step.
+
+Budget. "The same CPU budget" is the demo's: 3400 bf16 steps of the flow head, ~640 s of
+training on 2 idle cores. The machine this runs on is shared, so wall time is not comparable
+between runs; instead ``timing`` measures every head's training step interleaved (round-robin,
+the same batch shapes, median), and each head gets ``3400 * t_flow / t_head`` steps. Results then
+do not depend on what else ran.
+
+    python bench/heads.py timing                        # -> budget steps per head
+    python bench/heads.py train bins_ar --seed 0        # runs/heads/bins_ar_s0 (full budget)
+    python bench/heads.py diag runs/heads/bins_ar_s0    # held-out token accuracy, per-step error
+    python bench/heads.py eval runs/heads/bins_ar_s0    # 100 episodes + latency p50
+    python bench/heads.py report                        # the table (docs/heads.md)
+
+Everything lands in bench/results/heads.json (read, updated, written back per command).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.common import RESULTS, environment, percentile
+
+OUT = RESULTS / "heads.json"
+DATA = "runs/demo_data"  # `vla data generate --episodes 2000 --noise 0.1 --seed 0 --video-quality lossless`
+HELDOUT = "runs/heldout_data"  # the same with --episodes 200 --seed 500000 (never trained on)
+FLOW_STEPS = 3400  # the demo recipe's budget (~640 s on 2 idle avx512_bf16 cores)
+
+# Head name -> (packaged recipe, overrides on top of it).
+HEADS: dict[str, tuple[str, list[str]]] = {
+    "flow": ("demo", []),
+    "bins_ar": ("demo_tokens", []),
+    # FAST on this data (H=8, 4 dims, scale 10): 16 tokens on average with a 512-id BPE, p99 23,
+    # max 25 over the first 10,000 chunks; 28 + EOS positions keep the step near the bins' 32.
+    "fast_ar": (
+        "demo_tokens",
+        [
+            "model.tokens.tokenizer=fast",
+            "model.tokens.fast_vocab_size=512",
+            "model.tokens.max_action_tokens=28",
+        ],
+    ),
+    "bins_parallel_l1": (
+        "demo_tokens",
+        ["model.tokens.decoding=parallel", "model.tokens.regression_head=true"],
+    ),
+}
+LOAD_NOTE = (
+    "measured on a 2-core CPU shared with other jobs (other sessions' training and tests): "
+    "wall times and latencies are noisy; budgets are step counts from interleaved medians"
+)
+
+
+def cpu_flags() -> list[str]:
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return []
+    flags = next(
+        (line.split(":", 1)[1].split() for line in text.splitlines() if line.startswith("flags")), []
+    )
+    keep = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx_bf16", "amx_tile", "fma")
+    return sorted(f for f in flags if f in keep)
+
+
+def load_results() -> dict:
+    return json.loads(OUT.read_text()) if OUT.exists() else {"runs": {}}
+
+
+def save_results(res: dict) -> None:
+    res.update(
+        environment=environment(),
+        cpu_flags=cpu_flags(),
+        date=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        load_note=LOAD_NOTE,
+    )
+    OUT.parent.mkdir(parents=True, exist_ok=True)
+    OUT.write_text(json.dumps(res, indent=2) + "\n")
+
+
+def head_config(head: str, seed: int = 0, steps: int | None = None, extra: list[str] | tuple = ()):
+    from vlastack.config import load_config
+
+    recipe, overrides = HEADS[head]
+    ov = [*overrides, f"train.seed={seed}", *extra]
+    if steps is not None:
+        ov.append(f"train.steps={steps}")
+    return load_config("tiny", recipe, ov)
+
+
+def _fit_for_timing(model, cfg, batch) -> None:
+    """Attach a tokenizer so a token head can train on dummy batches (the step's cost depends on
+    the config's shapes, not on what the tokenizer was fitted on)."""
+    if cfg.model.head != "tokens":
+        return
+    if cfg.model.tokens.tokenizer == "fast":
+        g = torch.Generator().manual_seed(0)
+        t = torch.linspace(-0.6, 0.6, cfg.model.action_horizon)[None, :, None]
+        x = (t * torch.rand(2000, 1, cfg.model.action_dim, generator=g)).clamp(-1, 1)
+        model.head.fit_tokenizer(x)
+    else:
+        model.head.fit_tokenizer(batch["actions"], batch["action_is_pad"], batch["action_dim_mask"])
+
+
+def cmd_timing(args: argparse.Namespace) -> None:
+    """Interleaved per-step timing of every head (round-robin, median) -> budget steps."""
+    from vlastack.batch import dummy_batch
+    from vlastack.models import build_model
+    from vlastack.train.optim import build_optimizer
+    from vlastack.train.step import train_step
+
+    # One thread: with two, OpenMP threads spin while their partner is descheduled, so on a busy
+    # machine process CPU time inflates with the load; a single thread's CPU time does not.
+    torch.set_num_threads(args.threads)
+    setups = {}
+    for head in HEADS:
+        cfg = head_config(head)
+        torch.manual_seed(0)
+        model = build_model(cfg.model)
+        batch = dummy_batch(cfg.model, cfg.train.batch_size)
+        batch["actions"] = batch["actions"].clamp(-1, 1)
+        _fit_for_timing(model, cfg, batch)
+        setups[head] = (model, build_optimizer(model, cfg.train), batch, cfg.train.precision)
+    wall: dict[str, list[float]] = {h: [] for h in HEADS}
+    cpu: dict[str, list[float]] = {h: [] for h in HEADS}
+    for r in range(args.warmup + args.steps):
+        for head, (model, opt, batch, precision) in setups.items():
+            t0, c0 = time.perf_counter(), time.process_time()
+            train_step(model, opt, [batch], precision=precision)
+            if r >= args.warmup:
+                wall[head].append(time.perf_counter() - t0)
+                cpu[head].append(time.process_time() - c0)
+        print(f"round {r + 1}/{args.warmup + args.steps}", flush=True)
+    # The budget comes from process CPU time, which other jobs on the machine disturb far less
+    # than wall time; wall medians are recorded beside it.
+    med = {h: statistics.median(v) for h, v in cpu.items()}
+    out = {}
+    for h in HEADS:
+        steps = round(FLOW_STEPS * med["flow"] / med[h])
+        out[h] = {
+            "step_cpu_s_median": med[h],
+            "step_wall_s_median": statistics.median(wall[h]),
+            "step_cpu_s_all": cpu[h],
+            "step_wall_s_all": wall[h],
+            "relative_cost": med[h] / med["flow"],
+            "budget_steps": steps,
+            "samples_per_s_interleaved": 32 / statistics.median(wall[h]),
+            "samples_per_cpu_s": 32 / med[h],
+        }
+        print(
+            f"{h:18s} cpu {med[h]:.3f} s/step  wall {out[h]['step_wall_s_median']:.3f}  x{med[h] / med['flow']:.2f}  -> {steps} steps"
+        )
+    res = load_results()
+    res["timing"] = {
+        "method": f"{args.steps} steps per head after {args.warmup} warm-up rounds, round-robin "
+        "(flow, bins_ar, fast_ar, bins_parallel_l1, flow, ...), batch 32 dummy batches of the recipe's "
+        f"shapes, bf16 autocast, {args.threads} thread(s); budget_steps = 3400 x median(flow) / median(head) over process "
+        "CPU time per step",
+        "heads": out,
+    }
+    save_results(res)
+
+
+def budget_steps(head: str) -> int:
+    t = load_results().get("timing")
+    if not t:
+        raise SystemExit("run `python bench/heads.py timing` first (it sets each head's step budget)")
+    return t["heads"][head]["budget_steps"]
+
+
+def cmd_train(args: argparse.Namespace) -> None:
+    from vlastack.train.trainer import Trainer
+
+    steps = args.steps or budget_steps(args.head)
+    cfg = head_config(args.head, args.seed, steps, args.set)
+    out = Path(args.out or f"runs/heads/{args.head}_s{args.seed}")
+    t0 = time.perf_counter()
+    summary = Trainer(cfg, data_path=args.data, run_dir=out).fit()
+    res = load_results()
+    res["runs"].setdefault(out.name, {}).update(
+        head=args.head,
+        seed=args.seed,
+        steps=steps,
+        overrides=list(HEADS[args.head][1]) + list(args.set),
+        train_wall_s=time.perf_counter() - t0,
+        train={k: v for k, v in summary.items() if k != "losses"},
+    )
+    save_results(res)
+
+
+def _policy_dir(run: Path, checkpoint: str = "final") -> Path:
+    """The EMA weights of ``run/<checkpoint>`` (``final`` or ``step_N``) when saved, else the raw."""
+    ck = run / checkpoint
+    return ck / "ema" if (ck / "ema").is_dir() else ck
+
+
+def _load(run: Path, checkpoint: str = "final"):
+    from vlastack.config import load_config
+    from vlastack.models import VLA
+
+    cfg = load_config("tiny", str(run / "config.yaml"))
+    model = VLA.from_pretrained(_policy_dir(run, checkpoint)).eval()
+    return cfg, model
+
+
+@torch.no_grad()
+def cmd_diag(args: argparse.Namespace) -> None:
+    """Held-out frames: token accuracy, grounding error and the sampled chunk's error per step."""
+    from torch.utils.data import DataLoader, Subset
+
+    from vlastack.data.samples import make_dataset
+    from vlastack.models.heads.grounding import predict_grounding
+
+    run = Path(args.run)
+    cfg, model = _load(run, args.checkpoint)
+    torch.set_num_threads(2)
+    ds = make_dataset(cfg, args.heldout)
+    idx = list(range(0, len(ds), max(1, len(ds) // args.samples)))[: args.samples]
+    loader = DataLoader(Subset(ds, idx), batch_size=64, shuffle=False)
+    torch.manual_seed(0)
+    sums: dict[str, float] = {}
+    err_step, err_dim, n_step, n_dim = 0.0, 0.0, 0.0, 0.0
+    grip_ok, grip_n, invalid, n, ground_se = 0.0, 0.0, 0, 0, 0.0
+    for b in loader:
+        out = model(b)
+        for k, v in out.items():
+            if v.dim() == 0:
+                sums[k] = sums.get(k, 0.0) + float(v) * len(b["state"])
+        s = model.sample(b)
+        w = (~b["action_is_pad"])[:, :, None] & b["action_dim_mask"][:, None, :]
+        e = (s.actions - b["actions"]).abs() * w
+        err_step = err_step + e.sum((0, 2))
+        n_step = n_step + w.float().sum((0, 2))
+        err_dim = err_dim + e.sum((0, 1))
+        n_dim = n_dim + w.float().sum((0, 1))
+        g = 3  # the gripper command: > 0 closes
+        same = ((s.actions[..., g] > 0) == (b["actions"][..., g] > 0)).float() * w[..., g]
+        grip_ok, grip_n = grip_ok + same.sum(0), grip_n + w[..., g].float().sum(0)
+        if s.valid is not None:
+            invalid += int((~s.valid).sum())
+        if cfg.model.grounding.points:
+            ground_se += float((predict_grounding(model, b) - b["env_state"]).pow(2).mean(-1).sum())
+        n += len(b["state"])
+    diag = {
+        "heldout": args.heldout,
+        "samples": n,
+        "teacher_forced": {k: v / n for k, v in sums.items()},
+        "sampled_abs_error_per_chunk_step": (err_step / n_step.clamp(min=1)).tolist(),
+        "sampled_abs_error_per_dim": (err_dim / n_dim.clamp(min=1)).tolist(),
+        "gripper_sign_agreement_per_chunk_step": (grip_ok / grip_n.clamp(min=1)).tolist(),
+        "invalid_fraction": invalid / n,
+        "grounding_mse": ground_se / n if cfg.model.grounding.points else None,
+        "note": "normalized action units; held-out data normalized with its own statistics "
+        "(actions are within [-1, 1] with q01/q99 = -1/1, so quantile normalization is the identity)",
+    }
+    print(json.dumps(diag, indent=1))
+    res = load_results()
+    res["runs"].setdefault(run.name, {})[
+        "diag" if args.checkpoint == "final" else f"diag_{args.checkpoint}"
+    ] = diag
+    save_results(res)
+
+
+@torch.no_grad()
+def latency(model, batch, repeats: int = 30) -> float:
+    ms = []
+    for i in range(repeats + 3):
+        t0 = time.perf_counter()
+        model.sample(batch)
+        if i >= 3:
+            ms.append((time.perf_counter() - t0) * 1e3)
+    return percentile(ms, 50)
+
+
+def cmd_eval(args: argparse.Namespace) -> None:
+    from torch.utils.data import default_collate
+
+    from vlastack.data.samples import make_dataset
+    from vlastack.sim.evaluate import evaluate
+
+    run = Path(args.run)
+    cfg, model = _load(run, args.checkpoint)
+    entry: dict = {"checkpoint": args.checkpoint}
+    if args.episodes:
+        e = evaluate(
+            str(_policy_dir(run, args.checkpoint)), suite="builtin", episodes=args.episodes, seed=1_000_000, num_workers=2,
+            steps_per_chunk=1, image_size=cfg.eval.image_size, cameras=cfg.model.camera_names, videos=0,
+            out_dir=run / "eval",
+        )  # fmt: skip
+        chunks = sum(ep["steps"] for ep in e["episodes"])  # one chunk per step (re-planning)
+        entry["closed_loop"] = {
+            "episodes": args.episodes,
+            "seed": 1_000_000,
+            "mean_task_success": e["mean_task_success"],
+            "tasks": {t: v["success_rate"] for t, v in e["tasks"].items()},
+            "invalid_decode_fraction": sum(ep["invalid_chunks"] for ep in e["episodes"]) / max(chunks, 1),
+            "chunks": chunks,
+            "wall_s": e["wall_s"],
+        }
+        print(json.dumps(entry["closed_loop"], indent=1))
+    if args.latency:
+        torch.set_num_threads(2)
+        batch = default_collate([make_dataset(cfg, args.heldout)[0]])
+        eager = latency(model, batch)
+        t0 = time.perf_counter()
+        model.head.compile_decoding()
+        model.sample(batch)
+        compile_s = time.perf_counter() - t0
+        entry["latency_ms_p50"] = {
+            "eager": eager,
+            "compiled": latency(model, batch),
+            "compile_s": compile_s,
+            "batch": 1,
+            "threads": 2,
+        }
+        print(json.dumps(entry["latency_ms_p50"], indent=1))
+    res = load_results()
+    res["runs"].setdefault(run.name, {}).update(entry)
+    save_results(res)
+
+
+@torch.no_grad()
+def cmd_latency(args: argparse.Namespace) -> None:
+    """p50 of one ``model.sample`` at batch 1, eager then with ``head.compile_decoding()``, per head.
+
+    The decoders run a fixed number of steps whatever the weights (flow: 5 Euler steps; bins-AR:
+    32 tokens; FAST: 28 + 1 slots, tokens after EOS masked; parallel: one pass), so a freshly
+    initialized model of each recipe times the same as a trained one; heads are measured in turn."""
+    from vlastack.batch import dummy_batch
+    from vlastack.models import build_model
+
+    torch.set_num_threads(2)
+    out = {}
+    for head in HEADS:
+        cfg = head_config(head)
+        torch.manual_seed(0)
+        model = build_model(cfg.model)
+        batch = dummy_batch(cfg.model, 1)
+        _fit_for_timing(model, cfg, dummy_batch(cfg.model, 32))
+        model.eval()
+        eager = latency(model, batch, args.repeats)
+        t0 = time.perf_counter()
+        model.head.compile_decoding()
+        model.sample(batch)
+        compile_s = time.perf_counter() - t0
+        out[head] = {"eager": eager, "compiled": latency(model, batch, args.repeats), "compile_s": compile_s}
+        print(head, {k: round(v, 1) for k, v in out[head].items()}, flush=True)
+    res = load_results()
+    res["latency_ms_p50"] = {
+        "method": f"batch 1, 2 threads, fp32, p50 of {args.repeats} calls after 3 warm-up calls; compiled: "
+        "head.compile_decoding() (the decode step / denoise step / parallel pass)",
+        "heads": out,
+    }
+    save_results(res)
+
+
+def table(res: dict) -> str:
+    """The Markdown ranking table from heads.json."""
+    tasks = ("reach", "push", "pick_place", "stack")
+    lines = [
+        "| head | seed | steps | train samples/s (1 thread, interleaved, loaded machine) | " + " | ".join(tasks)
+        + " | mean | invalid decodes | latency p50 eager / compiled (ms) |",
+        "|---" * (7 + len(tasks)) + "|",
+    ]  # fmt: skip
+    timing = res.get("timing", {}).get("heads", {})
+    for _name, r in sorted(
+        res.get("runs", {}).items(), key=lambda kv: (list(HEADS).index(kv[1].get("head", "flow")), kv[0])
+    ):
+        cl = r.get("closed_loop")
+        lat = r.get("latency_ms_p50") or res.get("latency_ms_p50", {}).get("heads", {}).get(r.get("head"))
+        sps = timing.get(r.get("head"), {}).get("samples_per_s_interleaved")
+        if r.get("stopped_at_step"):  # a run cut short: say how far it got
+            r = {
+                **r,
+                "steps": f"{r['stopped_at_step']} of {r['steps']} (evaluated: {r.get('checkpoint', 'final')})"
+                if cl
+                else r["steps"],
+            }
+        cells = [f"{cl['tasks'].get(t, 0):.0%}" for t in tasks] if cl else ["-"] * len(tasks)
+        lines.append(
+            f"| {r.get('head')} | {r.get('seed')} | {r.get('steps')} | {sps:.0f} | " if sps else
+            f"| {r.get('head')} | {r.get('seed')} | {r.get('steps')} | - | "
+        )  # fmt: skip
+        lines[-1] += " | ".join(cells) + " | "
+        lines[-1] += (
+            f"**{cl['mean_task_success']:.0%}** | {cl['invalid_decode_fraction']:.1%} | "
+            if cl
+            else "- | - | "
+        )
+        lines[-1] += f"{lat['eager']:.1f} / {lat['compiled']:.1f} |" if lat else "- |"
+    return "\n".join(lines)
+
+
+def cmd_report(args: argparse.Namespace) -> None:
+    print(table(load_results()))
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = p.add_subparsers(dest="cmd", required=True)
+    t = sub.add_parser("timing")
+    t.add_argument("--steps", type=int, default=20)
+    t.add_argument("--warmup", type=int, default=3)
+    t.add_argument("--threads", type=int, default=1)
+    t.set_defaults(func=cmd_timing)
+    t = sub.add_parser("train")
+    t.add_argument("head", choices=list(HEADS))
+    t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--steps", type=int, default=None, help="default: the head's budget from `timing`")
+    t.add_argument("--data", default=DATA)
+    t.add_argument("--out", default=None)
+    t.add_argument("--set", nargs="*", default=[], help="extra dotted overrides")
+    t.set_defaults(func=cmd_train)
+    t = sub.add_parser("diag")
+    t.add_argument("run")
+    t.add_argument("--heldout", default=HELDOUT)
+    t.add_argument("--samples", type=int, default=512)
+    t.add_argument("--checkpoint", default="final", help="final | step_N")
+    t.set_defaults(func=cmd_diag)
+    t = sub.add_parser("eval")
+    t.add_argument("run")
+    t.add_argument("--episodes", type=int, default=100)
+    t.add_argument("--latency", action=argparse.BooleanOptionalAction, default=False)
+    t.add_argument("--checkpoint", default="final", help="final | step_N")
+    t.add_argument("--heldout", default=HELDOUT)
+    t.set_defaults(func=cmd_eval)
+    t = sub.add_parser("latency")
+    t.add_argument("--repeats", type=int, default=30)
+    t.set_defaults(func=cmd_latency)
+    t = sub.add_parser("report")
+    t.set_defaults(func=cmd_report)
+    args = p.parse_args(argv)
+    args.func(args)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,120 @@
+"""The token head with the grounding add-on (models/heads/grounded_tokens.py), the token training
+options (bin_sigma, label_smoothing, l1_weight) and the demo_tokens recipe. Tiny, fp32, fixed seeds."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+import torch
+
+from tests.models.test_token_head import generate_uncached, make, micro
+from vlastack.config import ConfigError, GroundingConfig, TokenHeadConfig, load_config
+from vlastack.models import VLA
+from vlastack.models.heads import GroundedTokenHead, head_class
+from vlastack.models.heads.grounding import predict_grounding
+
+
+def grounded(attend: float = 0.2, **tokens):
+    return replace(micro(**tokens), grounding=GroundingConfig(points=2, weight=0.5, attend_weight=attend))
+
+
+def test_demo_tokens_recipe_loads():
+    cfg = load_config("tiny", "demo_tokens")
+    m = cfg.model
+    assert (m.head, m.tokens.tokenizer, m.tokens.decoding, m.grounding.points) == (
+        "tokens",
+        "bins",
+        "autoregressive",
+        2,
+    )
+    assert cfg.data.norm.action == "quantiles" and cfg.eval.steps_per_chunk == 1
+    assert head_class(m) is GroundedTokenHead
+    with pytest.raises(ConfigError, match="state_input"):
+        load_config("tiny", "demo_tokens", ["model.tokens.state_input=discrete"])
+
+
+@pytest.mark.parametrize(
+    "tokens",
+    [{}, {"tokenizer": "fast", "max_action_tokens": 12}, {"decoding": "parallel", "regression_head": True}],
+    ids=["bins-ar", "fast-ar", "bins-parallel-l1"],
+)
+def test_grounded_token_head_trains_one_step(tokens):
+    m, b = make(grounded(**tokens))
+    assert isinstance(m.head, GroundedTokenHead)
+    out = m(b)
+    torch.testing.assert_close(
+        out["loss"], out["token_loss"] + 0.5 * out["grounding_loss"] + 0.2 * out["attend_loss"]
+    )
+    out["loss"].backward()
+    # (an L1 bias gradient can cancel to exactly 0 on 2 samples: only require that one exists)
+    dead = [n for n, p in m.named_parameters() if p.requires_grad and p.grad is None]
+    assert not dead, dead
+    before = {n: p.detach().clone() for n, p in m.named_parameters()}
+    torch.optim.SGD(m.parameters(), lr=0.1).step()
+    assert any(
+        not torch.equal(before[n], p) for n, p in m.named_parameters() if n.startswith("head.grounding")
+    )
+
+
+def test_training_feeds_the_recorded_positions():
+    """Teacher forcing: the token loss moves with env_state (the state token reads it)."""
+    m, b = make(grounded())
+    torch.manual_seed(1)
+    a = m(b)["token_loss"]
+    torch.manual_seed(1)
+    c = m(dict(b, env_state=b["env_state"] + 3.0))["token_loss"]
+    assert (a - c).abs() > 1e-4
+
+
+@pytest.mark.parametrize("tokenizer", ["bins", "fast"])
+def test_grounded_cached_decoding_equals_uncached(tokenizer):
+    m, b = make(grounded(tokenizer=tokenizer, max_action_tokens=10))
+    m.eval()
+    with torch.no_grad():
+        ids, _ = m.head.generate(m, b, temperature=0.0)
+        ref = generate_uncached(m, b)
+    assert torch.equal(ids, ref)
+
+
+def test_grounding_prediction_steers_the_tokens_and_roundtrips(tmp_path):
+    m, b = make(grounded(attend=0.0, decoding="parallel", regression_head=True))
+    m.eval()
+    a = m.sample_actions(b)
+    assert predict_grounding(m, b).shape == (2, 6)
+    with torch.no_grad():
+        m.head.grounding.value.bias.add_(2.0)
+        shifted = m.sample_actions(b)
+        m.head.grounding.value.bias.sub_(2.0)
+    assert (a - shifted).abs().max() > 1e-4
+    m.save_pretrained(tmp_path)
+    m2 = VLA.from_pretrained(tmp_path).eval()
+    torch.testing.assert_close(m2.sample_actions(b), a)
+
+
+def test_bin_sigma_soft_targets():
+    """bin_sigma -> 0 is the one-hot CE; with it a near miss costs less than a far one."""
+    m, _ = make(micro())
+    h = m.head
+    ids = h.internal_to_lm[torch.tensor([[10, 200]])]
+    logits = torch.randn(1, 2, h.allowed_ids.numel(), generator=torch.Generator().manual_seed(0))
+    hard = h.token_ce(logits, ids)
+    h.cfg = replace(h.cfg, tokens=replace(h.cfg.tokens, bin_sigma=1e-3))
+    torch.testing.assert_close(h.token_ce(logits, ids), hard)
+    h.cfg = replace(h.cfg, tokens=replace(h.cfg.tokens, bin_sigma=2.0))
+    peak = torch.full_like(logits, -20.0)
+    near, far = peak.clone(), peak.clone()
+    near[0, 0, h.internal_to_lm[11]] = 20.0  # one bin off
+    far[0, 0, h.internal_to_lm[60]] = 20.0  # fifty bins off
+    assert h.token_ce(near, ids)[0, 0] < h.token_ce(far, ids)[0, 0] - 5
+
+
+def test_l1_weight_and_smoothing_options():
+    m, b = make(micro(decoding="parallel", regression_head=True, l1_weight=0.25))
+    out = m(b)
+    torch.testing.assert_close(out["loss"], out["ce"] + 0.25 * out["l1"])
+    m2, b2 = make(micro(label_smoothing=0.1))
+    assert float(m2(b2)["ce"]) > 0
+    for bad in ({"bin_sigma": -1.0}, {"label_smoothing": 1.0}, {"l1_weight": -0.5}):
+        with pytest.raises(ConfigError, match=next(iter(bad))):
+            TokenHeadConfig(**bad)
