@@ -349,6 +349,20 @@ class DataConfig:
 
 
 @dataclass(frozen=True)
+class RTCTrainConfig:
+    """Training-time real-time chunking (arXiv 2512.05964; infer/realtime.py, docs/rtc.md).
+
+    Each sample draws a delay d uniform in [0, ``max_delay``]: its first d actions are given clean
+    (flow time 0, the committed prefix) and left out of the loss. 0 = off. Flow head, pi0 variant.
+    """
+
+    max_delay: int = 0
+
+    def __post_init__(self) -> None:
+        _check(self.max_delay >= 0, "max_delay", f"must be >= 0 (0 = off), got {self.max_delay}")
+
+
+@dataclass(frozen=True)
 class TrainConfig:
     steps: int = 1000
     batch_size: int = 32
@@ -383,6 +397,7 @@ class TrainConfig:
     preload: bool = False  # decode the whole dataset into memory once (small datasets)
     init_from: str = ""  # a model folder (save_pretrained) to start from, e.g. for LoRA
     num_threads: int = 0  # torch CPU threads; 0 = torch's default
+    rtc: RTCTrainConfig = field(default_factory=RTCTrainConfig)
 
     def __post_init__(self) -> None:
         _positive(self, "steps", "batch_size", "grad_accum", "log_every", "save_every", "keep_last")
@@ -406,6 +421,39 @@ class TrainConfig:
         _check(self.grad_clip >= 0, "grad_clip", "must be >= 0 (0 = off)")
 
 
+EXECUTION_METHODS = ("sync", "naive_async", "temporal_ensemble", "rtc_inference", "rtc_training")
+
+
+@dataclass(frozen=True)
+class ExecutionConfig:
+    """How chunks execute while the next one computes (infer/realtime.py, docs/rtc.md).
+
+    ``delay``: inference delay d in control steps: simulated exactly in evaluation (d steps run
+    from the old chunk while the new one is computed from the observation at request time); -1 =
+    measured live (the runtime's robust estimate). ``horizon``: steps executed from each chunk
+    before the next request (s; 0 = ``eval.steps_per_chunk``), raised to d when d is larger.
+    """
+
+    method: str = "sync"  # sync | naive_async | temporal_ensemble | rtc_inference | rtc_training
+    delay: int = 0
+    horizon: int = 0
+    guidance_max: float = 5.0  # rtc_inference: the guidance weight clip (beta)
+    delay_warmup: int = 2  # live delay: the first latencies (compile, caches) are not counted
+    delay_quantile: float = 0.9  # live delay: this quantile of the recent latencies (in steps)
+
+    def __post_init__(self) -> None:
+        _check(
+            self.method in EXECUTION_METHODS,
+            "method",
+            f"must be one of {' | '.join(EXECUTION_METHODS)}, got {self.method!r}",
+        )
+        _check(self.delay >= -1, "delay", f"must be >= 0 (steps) or -1 (measured live), got {self.delay}")
+        _check(self.horizon >= 0, "horizon", f"must be >= 0 (0 = eval.steps_per_chunk), got {self.horizon}")
+        _check(self.guidance_max > 0, "guidance_max", f"must be > 0, got {self.guidance_max}")
+        _check(self.delay_warmup >= 0, "delay_warmup", f"must be >= 0, got {self.delay_warmup}")
+        _check(0 < self.delay_quantile <= 1, "delay_quantile", "must be in (0, 1]")
+
+
 @dataclass(frozen=True)
 class EvalConfig:
     suite: str = "builtin"
@@ -417,10 +465,16 @@ class EvalConfig:
     temporal_ensemble: float = 0.0  # 0 = off, else exponential weight
     image_size: int = 64
     videos: int = 4
+    execution: ExecutionConfig = field(default_factory=ExecutionConfig)
 
     def __post_init__(self) -> None:
         _positive(self, "episodes", "steps_per_chunk", "image_size")
         _check(self.num_workers >= 0, "num_workers", "must be >= 0")
+        _check(
+            self.execution.method != "temporal_ensemble" or self.temporal_ensemble > 0,
+            "execution.method",
+            "temporal_ensemble needs its weight: set eval.temporal_ensemble > 0 (e.g. 0.1)",
+        )
 
 
 @dataclass(frozen=True)
@@ -435,6 +489,18 @@ class Config:
             self.eval.steps_per_chunk <= self.model.action_horizon,
             "eval.steps_per_chunk",
             f"({self.eval.steps_per_chunk}) cannot exceed model.action_horizon ({self.model.action_horizon})",
+        )
+        h = self.model.action_horizon
+        _check(
+            self.train.rtc.max_delay < h,
+            "train.rtc.max_delay",
+            f"({self.train.rtc.max_delay}) must be below model.action_horizon ({h})",
+        )
+        _check(
+            not self.train.rtc.max_delay or (self.model.head == "flow" and self.model.variant == "pi0"),
+            "train.rtc.max_delay",
+            "training-time RTC gives each action token its own flow time: needs model.head=flow, "
+            "variant=pi0 (pi05's adaptive norms take one time per sample)",
         )
 
 
@@ -686,15 +752,18 @@ def model_config_from_dict(data: dict) -> ModelConfig:
 
 
 __all__ = [
+    "EXECUTION_METHODS",
     "PRESETS",
     "Config",
     "ConfigError",
     "DataConfig",
     "DecoderConfig",
     "EvalConfig",
+    "ExecutionConfig",
     "GroundingConfig",
     "ModelConfig",
     "NormConfig",
+    "RTCTrainConfig",
     "TokenHeadConfig",
     "TrainConfig",
     "VisionConfig",

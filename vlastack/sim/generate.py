@@ -91,7 +91,7 @@ def _job(task: str, seed: int, env_kw: dict, noise: float) -> dict[str, Any]:
     key = (task, *sorted((k, tuple(v) if isinstance(v, list) else v) for k, v in env_kw.items()))
     if key not in _ENVS:
         _ENVS[key] = make_env(task, **env_kw)
-    ep = rollout_expert(_ENVS[key], seed, noise, privileged=env_kw.get("suite") == "builtin")
+    ep = rollout_expert(_ENVS[key], seed, noise, privileged=env_kw.get("suite") in ("builtin", "dynamic"))
     ep.update(task=task, seed=seed)
     if not ep["success"]:  # don't ship frames we will not write
         for k in ("images", "state", "action", "privileged", "privileged_uv"):
@@ -145,7 +145,7 @@ def generate(
     features = {f"observation.images.{c}": dict(img_ft) for c in cameras}
     features["observation.state"] = {"dtype": "float32", "shape": [state_dim], "names": None}
     features["action"] = {"dtype": "float32", "shape": [action_dim], "names": None}
-    if suite == "builtin":
+    if suite in ("builtin", "dynamic"):
         features["observation.state"]["names"] = STATE_NAMES
         features["action"]["names"] = ACTION_NAMES
         features[ENV_KEY] = {
