@@ -1,8 +1,7 @@
 """Dynamic task families: the target moves or changes while the robot acts, so timing matters.
 
 - ``reach_moving``: touch a block that a belt carries along +x at ``BELT_SPEED`` (1 cm per step,
-  a third of the gripper's top speed) and stay on it for ``HOLD_STEPS`` steps, beside a static
-  distractor of another color;
+  a third of the gripper's top speed) and stay on it for ``HOLD_STEPS`` steps;
 - ``reach_switch``: touch the colored block of two (the other is ``DIM``); at a random step in
   [``SWITCH_STEPS``) the color moves to the other block, so the policy must notice and turn.
 
@@ -46,11 +45,7 @@ class ReachMoving(Task):
     def reset(self, rng: np.random.Generator) -> str:
         self.xy = np.array([rng.uniform(-0.17, -0.05), rng.uniform(-0.10, 0.10)])
         self.yaw = float(rng.uniform(-0.5, 0.5))
-        for _ in range(1000):  # the distractor stays off the belt's line
-            (other,) = sample_xy(rng, 1, 0.0)
-            if abs(other[1] - self.xy[1]) > 0.08:
-                break
-        colors = self._blocks(rng, 2, [self.xy, other])
+        colors = self._blocks(rng, 1, [self.xy])
         self.core._set_collide_ee("block0", False)  # carried by the belt: never pushed or jammed
         self.held_for = 0  # consecutive steps on the block before the current one
         return self._phrase(rng, c=colors[0])
