@@ -90,6 +90,7 @@ def _eval(args: argparse.Namespace) -> int:
         num_workers=pick(args.workers, ec.num_workers),
         steps_per_chunk=pick(args.steps_per_chunk, ec.steps_per_chunk),
         temporal_ensemble=pick(args.temporal_ensemble, ec.temporal_ensemble),
+        execution=ec.execution,
         out_dir=args.out,
         videos=pick(args.videos, ec.videos),
         image_size=pick(args.image_size, ec.image_size),

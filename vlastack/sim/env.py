@@ -22,8 +22,8 @@ import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
 
-from vlastack.sim.scene import ACTION_DIM, CONTROL_HZ, EE_HOME, STATE_DIM, SimCore
 from vlastack.sim.dynamic import DYNAMIC_TASKS
+from vlastack.sim.scene import ACTION_DIM, CONTROL_HZ, EE_HOME, STATE_DIM, SimCore
 from vlastack.sim.tasks import TASKS
 
 # The ``builtin`` suite's default task list stays the four static families (the demo's data and

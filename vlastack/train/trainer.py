@@ -402,7 +402,9 @@ class Trainer:
         kw = None
         if t.rtc.max_delay:  # training-time RTC: a delay per sample, its actions the clean prefix
             n = t.rtc.max_delay + 1
-            kw = [{"prefix_len": torch.randint(0, n, (len(mb["state"]),), device=self.device)} for mb in micro]
+            kw = [
+                {"prefix_len": torch.randint(0, n, (len(mb["state"]),), device=self.device)} for mb in micro
+            ]
         res = train_step(
             self.wrapped,
             self.optimizer,
