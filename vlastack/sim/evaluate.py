@@ -128,7 +128,8 @@ def _realtime_episode(env, obs, policy, name, seed, steps_per_chunk, ensemble, f
 
     if hasattr(policy, "guidance_max"):  # a vlastack Policy: inference-time RTC's clip (beta)
         policy.guidance_max = execution.guidance_max
-    runner = RealtimeRunner(policy, execution, adim, steps_per_chunk, hz=None, ensemble=ensemble, check=check)
+    spc = execution.horizon or steps_per_chunk
+    runner = RealtimeRunner(policy, execution, adim, spc, hz=None, ensemble=ensemble, check=check)
     try:
         stats = runner.run(obs, step, max_steps=env.max_steps)
     finally:
