@@ -211,6 +211,7 @@ def test_rtc_request_through_vla_serve_and_the_openpi_client(policy):
     local = policy.infer(req)["actions"]
     with ServerThread(PolicyServer(policy, port=0)) as srv:
         client = WebsocketClientPolicy("127.0.0.1", srv.port)
+        assert client.get_server_metadata()["rtc_methods"] == ["rtc_inference", "rtc_training"]
         out = client.infer(req)["actions"]
         with pytest.raises(RuntimeError, match="action_prefix"):
             client.infer({**obs, "action_prefix": y[:, :2]})

@@ -177,6 +177,10 @@ class Policy:
             "num_denoise_steps": c.num_denoise_steps,
             "prompt_required": self.spec.prompt_required,
             "replan_steps": self.replan_steps,
+            # Real-time chunking requests (``action_prefix``, infer/realtime.py) need a flow head.
+            "rtc_methods": ["rtc_inference", "rtc_training"]
+            if hasattr(self.model.head, "denoise_step")
+            else [],
             "flat_keys": [*sorted(self.spec.aliases), "observation/state"],
         }
 
