@@ -49,6 +49,15 @@ def test_dynamic_experts_succeed(task):
     assert all(e["success"] for e in eps), [e["length"] for e in eps]
 
 
+def test_settle_records_expert_steps_after_the_success():
+    env = make_env("reach_moving", image_size=16, cameras=("scene",))
+    base = rollout_expert(env, 2, 0.1)
+    more = rollout_expert(env, 2, 0.1, settle=5)
+    env.close()
+    assert base["success"] and more["success"] and more["length"] == base["length"] + 5
+    np.testing.assert_array_equal(more["action"][: base["length"]], base["action"])
+
+
 def test_the_belt_moves_the_target_and_the_switch_moves_the_color():
     env = make_env("reach_moving", image_size=16, cameras=("scene",), seed=3)
     x0 = env.privileged_state()[0]
