@@ -41,6 +41,8 @@ class InputSpec:
     max_prompt_chars: int = MAX_PROMPT_CHARS
     aliases: dict[str, str] = field(default_factory=dict)  # flat openpi key -> camera name
     image_resize: str = "stretch"  # model.image_resize: "stretch" or "pad" (aspect ratio kept)
+    action_dim: int = 0  # the env's action dim and the chunk length, for ``action_prefix`` (0: none)
+    action_horizon: int = 0
 
     @staticmethod
     def make(
@@ -49,6 +51,8 @@ class InputSpec:
         image_size: int,
         default_prompt: str = "",
         image_resize: str = "stretch",
+        action_dim: int = 0,
+        action_horizon: int = 0,
     ) -> InputSpec:
         aliases = {f"observation/{c}": c for c in camera_names}
         aliases.setdefault("observation/image", camera_names[0])
@@ -56,14 +60,10 @@ class InputSpec:
         if wrist:
             aliases.setdefault("observation/wrist_image", wrist[0])
         return InputSpec(
-            tuple(camera_names),
-            state_dim,
-            image_size,
-            not default_prompt,
-            default_prompt,
-            aliases=aliases,
-            image_resize=image_resize,
-        )
+            tuple(camera_names), state_dim, image_size, not default_prompt, default_prompt,
+            aliases=aliases, image_resize=image_resize, action_dim=action_dim,
+            action_horizon=action_horizon,
+        )  # fmt: skip
 
 
 @dataclass
@@ -73,6 +73,12 @@ class Obs:
     images: dict[str, np.ndarray]
     state: np.ndarray
     prompt: str
+    # Real-time chunking (infer/realtime.py): the previous chunk's actions from this request's step
+    # on, float32 [n, A_env] in env units; how many of them execute before this chunk arrives
+    # (None: unknown); and the method, "rtc_inference" (guided) or "rtc_training" (clean prefix).
+    action_prefix: np.ndarray | None = None
+    inference_delay: int | None = None
+    rtc_method: str = "rtc_inference"
 
 
 def _image(name: str, x: object, spec: InputSpec) -> np.ndarray:
@@ -95,7 +101,7 @@ def check_obs(obs: object, spec: InputSpec) -> Obs:
     if not isinstance(obs, dict):
         raise ObsError(f"observation must be a dict, got {type(obs).__name__}")
     images: dict[str, np.ndarray] = {}
-    state, prompt = None, None
+    state, prompt, rtc = None, None, {}
     for key, value in obs.items():
         if not isinstance(key, str):
             raise ObsError(f"observation keys must be strings, got {key!r:.80}")
@@ -115,10 +121,12 @@ def check_obs(obs: object, spec: InputSpec) -> Obs:
             state = value
         elif key == "prompt":
             prompt = value
+        elif key in RTC_KEYS:
+            rtc[key] = value
         else:
             raise ObsError(
-                f"unknown observation key {key!r:.80}; expected 'images', 'state', 'prompt' "
-                f"or one of {sorted(spec.aliases)}"
+                f"unknown observation key {key!r:.80}; expected 'images', 'state', 'prompt', "
+                f"one of {sorted(spec.aliases)} or (real-time chunking) {list(RTC_KEYS)}"
             )
     if not images:
         raise ObsError(f"observation has no image; give at least one of cameras {list(spec.camera_names)}")
@@ -137,7 +145,46 @@ def check_obs(obs: object, spec: InputSpec) -> Obs:
         raise ObsError(f"'prompt' must be a string, got {type(prompt).__name__}")
     if len(prompt) > spec.max_prompt_chars:
         raise ObsError(f"'prompt' has {len(prompt)} characters; at most {spec.max_prompt_chars}")
-    return Obs(images, state.astype(np.float32), prompt)
+    return Obs(images, state.astype(np.float32), prompt, **_check_rtc(rtc, spec))
+
+
+RTC_KEYS = ("action_prefix", "inference_delay", "rtc_method")
+
+
+def _check_rtc(rtc: dict, spec: InputSpec) -> dict:
+    """The real-time chunking keys of an observation -> ``Obs`` fields; raises ``ObsError``."""
+    prefix, delay = rtc.get("action_prefix"), rtc.get("inference_delay")
+    method = rtc.get("rtc_method", "rtc_inference")
+    if method not in ("rtc_inference", "rtc_training"):
+        raise ObsError(f"'rtc_method' must be 'rtc_inference' or 'rtc_training', got {method!r:.80}")
+    if prefix is None:
+        if delay is not None:
+            raise ObsError("'inference_delay' needs 'action_prefix' (the previous chunk's leftover actions)")
+        return {}
+    if not spec.action_dim:
+        raise ObsError("this policy does not take 'action_prefix'")
+    if not isinstance(prefix, np.ndarray) or prefix.dtype.kind != "f":
+        raise ObsError(
+            f"'action_prefix' must be a float array [n, {spec.action_dim}], got {type(prefix).__name__}"
+        )
+    if prefix.ndim != 2 or prefix.shape[1] != spec.action_dim or not 1 <= len(prefix) <= spec.action_horizon:
+        raise ObsError(
+            f"'action_prefix' must have shape [n, {spec.action_dim}] (the env's action dims, in its order) "
+            f"with 1 <= n <= {spec.action_horizon}, got {list(prefix.shape)}"
+        )
+    if not np.isfinite(prefix).all():
+        raise ObsError("'action_prefix' contains NaN or inf")
+    if delay is not None and (
+        isinstance(delay, bool) or not isinstance(delay, int | np.integer) or delay < 0
+    ):
+        raise ObsError(
+            f"'inference_delay' must be an integer >= 0 (control steps) or absent, got {delay!r:.80}"
+        )
+    return {
+        "action_prefix": prefix.astype(np.float32),
+        "inference_delay": None if delay is None else int(delay),
+        "rtc_method": method,
+    }
 
 
 def build_batch(

@@ -15,6 +15,7 @@ action dims; absent = identity with the model's dims), optional ``ema/`` (same f
 from __future__ import annotations
 
 import contextlib
+import logging
 import threading
 from pathlib import Path
 from typing import Any
@@ -26,7 +27,10 @@ from vlastack.config import ModelConfig
 from vlastack.data.stats import NORM_STATS, ExactNormalizer, Normalizer, load_normalizer
 from vlastack.infer.chunking import ActionChunker
 from vlastack.infer.obs import InputSpec, Obs, build_batch, check_obs
+from vlastack.models.heads.rtc import guided_sample, prefix_sample, prefix_weights
 from vlastack.models.tokenizer import load_tokenizer
+
+log = logging.getLogger(__name__)
 
 STATE_KEY, ACTION_KEY = "observation.state", "action"
 
@@ -81,6 +85,7 @@ class Policy:
         preprocess: Any = None,
         decoding: dict[str, Any] | None = None,
         fast: bool = False,
+        guidance_max: float = 5.0,
     ) -> None:
         if dtype not in (None, "fp32", "bf16"):
             raise ValueError(f"dtype must be None, 'fp32' or 'bf16', got {dtype!r}")
@@ -100,12 +105,14 @@ class Policy:
                 f"(state {self.cfg.state_dim}, action {self.cfg.action_dim})"
             )
         self.spec = InputSpec.make(
-            self.cfg.camera_names,
-            self.state_dim,
-            self.cfg.vision.image_size,
-            default_prompt,
-            image_resize=self.cfg.image_resize,
-        )
+            self.cfg.camera_names, self.state_dim, self.cfg.vision.image_size, default_prompt,
+            image_resize=self.cfg.image_resize, action_dim=self.action_dim,
+            action_horizon=self.cfg.action_horizon,
+        )  # fmt: skip
+        if guidance_max <= 0:
+            raise ValueError(f"guidance_max must be > 0, got {guidance_max}")
+        self.guidance_max = guidance_max  # inference-time RTC's clip on the guidance weight (beta)
+        self._warned: set[str] = set()
         h = self.cfg.action_horizon
         replan_steps = replan_steps or h
         if not 1 <= replan_steps <= h:
@@ -212,6 +219,10 @@ class Policy:
             "num_denoise_steps": c.num_denoise_steps,
             "prompt_required": self.spec.prompt_required,
             "replan_steps": self.replan_steps,
+            # Real-time chunking requests (``action_prefix``, infer/realtime.py) need a flow head.
+            "rtc_methods": ["rtc_inference", "rtc_training"]
+            if hasattr(self.model.head, "denoise_step")
+            else [],
             "flat_keys": [*sorted(self.spec.aliases), "observation/state"],
         }
 
@@ -226,11 +237,7 @@ class Policy:
             return contextlib.nullcontext()
         return torch.autocast(self.device.type, dtype=torch.bfloat16)
 
-    def _run(
-        self, obs_list: list[Obs], noise: torch.Tensor | None
-    ) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
-        """-> unnormalized actions float32 [B, H, A_env], and for token heads validity bool [B] and
-        whether the chunk is a repeat of the last valid one bool [B] (None for the flow head)."""
+    def _batch(self, obs_list: list[Obs]) -> dict[str, torch.Tensor]:
         c = self.cfg
         if self.preprocess is not None:  # e.g. a LeRobot checkpoint's exact pipeline
             batch = self.preprocess.build_batch(obs_list, self.tokenizer)
@@ -244,7 +251,21 @@ class Policy:
                 self.normalizer,
                 c.state_in_prompt,
             )
-        batch = {k: v.to(self.device) for k, v in batch.items()}
+        return {k: v.to(self.device) for k, v in batch.items()}
+
+    def _warn_once(self, key: str, msg: str) -> None:
+        if key not in self._warned:
+            self._warned.add(key)
+            log.warning(msg)
+
+    def _run(
+        self, obs_list: list[Obs], noise: torch.Tensor | None
+    ) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
+        """-> unnormalized actions float32 [B, H, A_env], and for token heads validity bool [B] and
+        whether the chunk is a repeat of the last valid one bool [B] (None for the flow head). All
+        are read under the lock, so they belong to the same batch."""
+        c = self.cfg
+        batch = self._batch(obs_list)
         b = len(obs_list)
         with self.lock:
             if noise is None:
@@ -280,6 +301,48 @@ class Policy:
         s["repeated"] += int(repeated.sum())
         return repeated
 
+    def _run_rtc(self, obs: Obs, noise: torch.Tensor | None = None) -> np.ndarray:
+        """One observation with an ``action_prefix`` -> unnormalized actions float32 [H, A_env]
+        that continue it (real-time chunking, models/heads/rtc.py).
+
+        The prefix comes in env units and the env's action order; it is normalized with the
+        policy's own statistics and padded with weight 0 (never a zero target) on the model's
+        extra dims and past its end. The delay d: guided sampling holds the first d actions hard
+        and the rest of the prefix softly; the training-time method feeds the first d clean. A
+        missing delay (the runtime has no estimate yet) is taken as 0: the whole prefix is then
+        only soft guidance (guided) or plain sampling (training-time), never a crash. A delay
+        longer than the prefix is clipped to it (the old chunk ran out)."""
+        c, head = self.cfg, self.model.head
+        if not hasattr(head, "denoise_step"):
+            raise ValueError(f"real-time chunking needs a flow head; this policy's head is {c.head!r}")
+        h, a_env, n = c.action_horizon, self.action_dim, len(obs.action_prefix)
+        d = obs.inference_delay
+        if d is None:
+            self._warn_once(
+                "missing", "real-time chunking: no inference_delay given; using 0 (soft prefix only)"
+            )
+            d = 0
+        elif d > n:
+            self._warn_once("long", f"inference_delay {d} exceeds the {n}-action prefix; clipped to {n}")
+            d = n
+        target = torch.zeros(1, h, c.action_dim)
+        target[0, :n, :a_env] = torch.from_numpy(self.normalizer.normalize(ACTION_KEY, obs.action_prefix))
+        batch = self._batch([obs])
+        with self.lock:
+            if noise is None:
+                noise = torch.randn((1, h, c.action_dim), generator=self._gen, device=self.device)
+            target, noise = target.to(self.device), noise.to(self.device)
+            if obs.rtc_method == "rtc_training":
+                with torch.inference_mode(), self._autocast():
+                    out = prefix_sample(head, self.model, batch, target, torch.tensor([d]), noise)
+            else:
+                dims = (torch.arange(c.action_dim) < a_env).float()
+                weights = (prefix_weights(h, d, n)[:, None] * dims[None])[None].to(self.device)
+                with self._autocast():
+                    out = guided_sample(head, self.model, batch, target, weights, noise, self.guidance_max)
+        actions = self.normalizer.unnormalize(ACTION_KEY, out.float()[0, :, :a_env].cpu().numpy())
+        return np.ascontiguousarray(actions, dtype=np.float32)
+
     def infer_checked(self, obs_list: list[Obs], noise: torch.Tensor | None = None) -> np.ndarray:
         """Checked observations -> unnormalized actions float32 [B, H, A_env] (one forward pass)."""
         return self._run(obs_list, noise)[0]
@@ -288,7 +351,13 @@ class Policy:
         """Checked observations -> one reply each: ``{"actions": [H, A_env]}`` plus, for token
         heads, ``"valid"`` (False: the tokens did not decode to a full chunk) and ``"repeated"``
         (True: ``invalid_decode=repeat_last`` sent the last valid chunk instead; False with valid
-        False: the actions are zeros, do not execute them)."""
+        False: the actions are zeros, do not execute them). Observations with an
+        ``action_prefix`` (real-time chunking) run one by one."""
+        if any(o.action_prefix is not None for o in obs_list):
+            return [
+                {"actions": self._run_rtc(o)} if o.action_prefix is not None else self.infer_results([o])[0]
+                for o in obs_list
+            ]
         actions, valid, repeated = self._run(obs_list, None)
         if valid is None:
             return [{"actions": a} for a in actions]

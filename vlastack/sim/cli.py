@@ -20,6 +20,9 @@ def register(sub, groups) -> None:
     g.add_argument("--seed", type=int, default=0, help="episode k uses env seed SEED + k")
     g.add_argument("--overwrite", action="store_true")
     g.add_argument(
+        "--settle", type=int, default=0, help="expert steps recorded after each success (async execution)"
+    )
+    g.add_argument(
         "--video-quality",
         choices=["standard", "lossless"],
         default="standard",
@@ -63,6 +66,7 @@ def _generate(args: argparse.Namespace) -> int:
         seed=args.seed,
         overwrite=args.overwrite,
         video_quality=args.video_quality,
+        settle=args.settle,
     )
     rates = ", ".join(f"{t} {r:.0%}" for t, r in rep["expert_success"].items() if r is not None)
     print(
@@ -90,6 +94,7 @@ def _eval(args: argparse.Namespace) -> int:
         num_workers=pick(args.workers, ec.num_workers),
         steps_per_chunk=pick(args.steps_per_chunk, ec.steps_per_chunk),
         temporal_ensemble=pick(args.temporal_ensemble, ec.temporal_ensemble),
+        execution=ec.execution,
         out_dir=args.out,
         videos=pick(args.videos, ec.videos),
         image_size=pick(args.image_size, ec.image_size),

@@ -22,10 +22,17 @@ import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
 
+from vlastack.sim.dynamic import DYNAMIC_TASKS
 from vlastack.sim.scene import ACTION_DIM, CONTROL_HZ, EE_HOME, STATE_DIM, SimCore
 from vlastack.sim.tasks import TASKS
 
-SUITES: dict[str, tuple[str, ...]] = {"builtin": ("reach", "push", "pick_place", "stack")}
+# The ``builtin`` suite's default task list stays the four static families (the demo's data and
+# results); the dynamic families (sim/dynamic.py) are named explicitly or run as ``dynamic``.
+SUITES: dict[str, tuple[str, ...]] = {
+    "builtin": ("reach", "push", "pick_place", "stack"),
+    "dynamic": tuple(DYNAMIC_TASKS),
+}
+ALL_TASKS = {**TASKS, **DYNAMIC_TASKS}
 
 
 def suite_tasks(suite: str, tasks: tuple[str, ...] | list[str] = ()) -> tuple[str, ...]:
@@ -35,11 +42,11 @@ def suite_tasks(suite: str, tasks: tuple[str, ...] | list[str] = ()) -> tuple[st
 
         known = MT10
     elif suite in SUITES:
-        known = SUITES[suite]
+        known = tuple(ALL_TASKS) if suite == "builtin" else SUITES[suite]
     else:
         raise ValueError(f"unknown suite {suite!r}; choose from {', '.join([*SUITES, 'metaworld'])}")
     if not tasks:
-        return tuple(known)
+        return SUITES.get(suite, tuple(known))
     bad = [t for t in tasks if t not in known and suite != "metaworld"]
     if bad:
         raise ValueError(f"unknown task(s) {bad} in suite {suite!r}; known: {', '.join(known)}")
@@ -58,13 +65,13 @@ class BuiltinEnv(gym.Env):
         cameras: tuple[str, ...] | list[str] = ("scene", "wrist"),
         max_steps: int | None = None,
     ):
-        if task not in TASKS:
-            raise ValueError(f"unknown built-in task {task!r}; choose from {', '.join(TASKS)}")
+        if task not in ALL_TASKS:
+            raise ValueError(f"unknown built-in task {task!r}; choose from {', '.join(ALL_TASKS)}")
         if image_size < 16:
             raise ValueError(f"image_size must be >= 16, got {image_size}")
         self.task_name = task
         self.core = SimCore(image_size, tuple(cameras))
-        self.task = TASKS[task](self.core)
+        self.task = ALL_TASKS[task](self.core)
         self.max_steps = int(max_steps or self.task.max_steps)
         img = spaces.Box(0, 255, (image_size, image_size, 3), np.uint8)
         self.observation_space = spaces.Dict(
@@ -91,6 +98,7 @@ class BuiltinEnv(gym.Env):
         a = np.asarray(action, dtype=np.float32).reshape(-1)
         if a.shape != (ACTION_DIM,) or not np.all(np.isfinite(a)):
             raise ValueError(f"action must be {ACTION_DIM} finite floats, got {np.asarray(action)!r}")
+        self.task.advance()  # dynamic families move their objects (a no-op for static ones)
         self.core.step(a)
         self.t += 1
         ok = self.task.success()
@@ -133,10 +141,10 @@ def make_env(
         from vlastack.sim.metaworld import MetaWorldEnv
 
         env = MetaWorldEnv(task_name, image_size=image_size, cameras=cameras)
-    elif suite == "builtin":
+    elif suite in SUITES:
         env = BuiltinEnv(task_name, image_size=image_size, cameras=cameras)
     else:
-        raise ValueError(f"unknown suite {suite!r}; choose from builtin, metaworld")
+        raise ValueError(f"unknown suite {suite!r}; choose from {', '.join([*SUITES, 'metaworld'])}")
     if seed is not None:
         env.reset(seed=seed)
     return env

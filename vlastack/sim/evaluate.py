@@ -12,6 +12,9 @@ run; a policy that returns a bad chunk stops the run with a ``PolicyOutputError`
 
 Chunks: the policy is queried every ``steps_per_chunk`` steps (or when its chunk runs out), with
 optional temporal ensembling: ``infer.chunking.ActionChunker``, the same as ``Policy.select_action``.
+``eval.execution`` (any method other than ``sync`` at delay 0) runs the episode through the
+asynchronous runtime instead (``infer.realtime``) with a simulated inference delay, and adds
+smoothness (the action jump at chunk boundaries) to the results.
 """
 
 from __future__ import annotations
@@ -23,14 +26,15 @@ import os
 import time
 from concurrent.futures import FIRST_EXCEPTION, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
-from dataclasses import fields, replace
+from dataclasses import asdict, fields, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from vlastack.config import EvalConfig
+from vlastack.config import EvalConfig, ExecutionConfig
 from vlastack.infer.chunking import ActionChunker
+from vlastack.infer.realtime import RealtimeRunner
 from vlastack.progress import EpisodeProgress
 from vlastack.sim.policies import PolicySpec, build_policy, check_actions, policy_name
 
@@ -59,8 +63,10 @@ def run_episode(
     temporal_ensemble: float = 0.0,
     record: bool = False,
     episode: int = 0,
+    execution: ExecutionConfig | None = None,
 ) -> dict[str, Any]:
-    """One closed-loop episode. Returns {task, seed, prompt, success, steps, [frames uint8 [T,H,W,3]]}."""
+    """One closed-loop episode. Returns {task, seed, prompt, success, steps, [frames uint8 [T,H,W,3]]}
+    (+ the execution stats: boundary jumps, starved and paused steps, with ``execution``)."""
     obs, info = env.reset(seed=seed)
     if hasattr(policy, "reset"):
         policy.reset()
@@ -69,6 +75,9 @@ def run_episode(
     adim = env.action_space.shape[0]
     task = getattr(env, "task_name", "?")
     frames = [next(iter(obs["images"].values()))] if record else []
+    if execution is not None and (execution.method != "sync" or execution.delay != 0):
+        return _realtime_episode(env, obs, policy, name, seed, steps_per_chunk, temporal_ensemble,
+                                 frames, episode, execution)  # fmt: skip
     chunker = ActionChunker(steps_per_chunk, temporal_ensemble)
     success, t, invalid = False, 0, 0
     while True:
@@ -97,6 +106,40 @@ def run_episode(
         "invalid_chunks": invalid,
     }
     if record:
+        out["frames"] = np.stack(frames)
+    return out
+
+
+def _realtime_episode(env, obs, policy, name, seed, steps_per_chunk, ensemble, frames, episode, execution):
+    """``run_episode`` through ``RealtimeRunner`` with a simulated delay (deterministic)."""
+    adim, task = env.action_space.shape[0], getattr(env, "task_name", "?")
+    invalid, last = [0], {"obs": obs, "info": {}}
+
+    def check(reply: Any, t: int) -> np.ndarray:
+        invalid[0] += int(isinstance(reply, dict) and reply.get("valid", True) is False)
+        return check_actions(reply, adim, name, f"step {t} of episode {episode} (task {task}, seed {seed})")
+
+    def step(action: np.ndarray) -> tuple[dict, bool]:
+        o, _, terminated, truncated, info = env.step(action.astype(np.float32))
+        last.update(obs=o, info=info)
+        if frames:
+            frames.append(next(iter(o["images"].values())))
+        return o, terminated or truncated
+
+    if hasattr(policy, "guidance_max"):  # a vlastack Policy: inference-time RTC's clip (beta)
+        policy.guidance_max = execution.guidance_max
+    spc = execution.horizon or steps_per_chunk
+    runner = RealtimeRunner(policy, execution, adim, spc, hz=None, ensemble=ensemble, check=check)
+    try:
+        stats = runner.run(obs, step, max_steps=env.max_steps)
+    finally:
+        runner.close()
+    out = {
+        "episode": episode, "task": task, "seed": seed, "prompt": last["obs"]["prompt"],
+        "success": bool(last["info"].get("success", False)), "steps": stats.steps,
+        "invalid_chunks": invalid[0], **stats.summary(),
+    }  # fmt: skip
+    if frames:
         out["frames"] = np.stack(frames)
     return out
 
@@ -164,6 +207,7 @@ def evaluate(
         "steps_per_chunk": cfg.steps_per_chunk,
         "temporal_ensemble": cfg.temporal_ensemble,
         "record": videos > 0,
+        "execution": cfg.execution,
     }
     jobs = [(i, names[i % len(names)], cfg.seed + i) for i in range(cfg.episodes)]
     name = policy_name(policy_factory)
@@ -185,7 +229,7 @@ def evaluate(
     res["config"] = {
         "episodes": cfg.episodes, "seed": cfg.seed, "num_workers": num_workers,
         "steps_per_chunk": cfg.steps_per_chunk, "temporal_ensemble": cfg.temporal_ensemble,
-        "image_size": cfg.image_size, "cameras": list(cameras),
+        "image_size": cfg.image_size, "cameras": list(cameras), "execution": asdict(cfg.execution),
     }  # fmt: skip
     if out_dir is not None:
         write_outputs(res, results, Path(out_dir), videos)
@@ -223,13 +267,21 @@ def summarize(results: list[dict], tasks: tuple[str, ...], name: str, suite: str
         k, n = sum(r["success"] for r in rs), len(rs)
         lo, hi = wilson(k, n)
         steps = float(np.mean([r["steps"] for r in rs])) if rs else 0.0
-        return {
+        out = {
             "n": n,
             "successes": k,
             "success_rate": k / n if n else 0.0,
             "ci95": [lo, hi],
             "mean_steps": steps,
         }
+        jumps = [r for r in rs if r.get("boundaries")]
+        if any("max_jump" in r for r in rs):  # asynchronous runtime: smoothness at chunk boundaries
+            out["max_jump"] = max((r["max_jump"] for r in jumps), default=0.0)
+            out["mean_max_jump"] = float(np.mean([r["max_jump"] for r in jumps])) if jumps else 0.0
+            out["mean_jump"] = float(np.mean([r["mean_jump"] for r in jumps])) if jumps else 0.0
+            out["starved_steps"] = int(sum(r["starved_steps"] for r in rs))
+            out["fallbacks"] = int(sum(r["fallbacks"] for r in rs))
+        return out
 
     per_task = {t: stats([r for r in results if r["task"] == t]) for t in tasks}
     rates = [v["success_rate"] for v in per_task.values() if v["n"]]

@@ -42,18 +42,24 @@ VIDEO_QUALITY = {"standard": ("yuv420p", None), "lossless": ("yuv444p", 0)}
 _ENVS: dict[tuple, Any] = {}  # (task, env kwargs) -> env, reused across jobs in one process
 
 
-def rollout_expert(env, seed: int, noise: float = 0.0, privileged: bool = False) -> dict[str, Any]:
+def rollout_expert(
+    env, seed: int, noise: float = 0.0, privileged: bool = False, settle: int = 0
+) -> dict[str, Any]:
     """One expert episode -> {success, prompt, length, images {cam: uint8 [T,H,W,3]}, state, action}.
 
     ``privileged``: also record ``env.privileged_state()`` per step as ``"privileged"`` float32 [T, 6]
-    and ``env.privileged_uv()`` as ``"privileged_uv"`` {cam: float32 [T, 4]}.
+    and ``env.privileged_uv()`` as ``"privileged_uv"`` {cam: float32 [T, 4]}. ``settle``: after a
+    success, record this many more expert steps (it keeps tracking or holding), so action chunks
+    near the goal are defined past their first actions: asynchronous execution runs a chunk's
+    later actions (infer/realtime.py). 0 (the default, the demo's data) stops at the success.
     """
     obs, _ = env.reset(seed=seed)
     rng = np.random.default_rng([seed, 7])
     imgs: dict[str, list] = {c: [] for c in obs["images"]}
     states, actions, keys, ok = [], [], [], False
     uvs: dict[str, list] = {c: [] for c in obs["images"]}
-    for _ in range(env.max_steps):
+    extra = 0
+    for _ in range(env.max_steps + settle):
         a = np.asarray(env.expert_action(), np.float32)
         for c, im in obs["images"].items():
             imgs[c].append(im)
@@ -67,9 +73,14 @@ def rollout_expert(env, seed: int, noise: float = 0.0, privileged: bool = False)
         if noise > 0:
             act[:3] = np.clip(act[:3] + rng.normal(0.0, noise, 3), -1.0, 1.0)
         obs, _, terminated, truncated, info = env.step(act)
-        if terminated or truncated:
+        if ok:
+            extra += 1
+            if extra >= settle:
+                break
+        elif terminated or truncated:
             ok = bool(info.get("success", terminated))
-            break
+            if not ok or settle == 0:
+                break
     ep = {
         "success": ok,
         "prompt": obs["prompt"],
@@ -84,14 +95,15 @@ def rollout_expert(env, seed: int, noise: float = 0.0, privileged: bool = False)
     return ep
 
 
-def _job(task: str, seed: int, env_kw: dict, noise: float) -> dict[str, Any]:
+def _job(task: str, seed: int, env_kw: dict, noise: float, settle: int = 0) -> dict[str, Any]:
     from vlastack.sim.env import make_env
 
     # Keyed by the env settings too: an in-process caller may generate at another image size.
     key = (task, *sorted((k, tuple(v) if isinstance(v, list) else v) for k, v in env_kw.items()))
     if key not in _ENVS:
         _ENVS[key] = make_env(task, **env_kw)
-    ep = rollout_expert(_ENVS[key], seed, noise, privileged=env_kw.get("suite") == "builtin")
+    privileged = env_kw.get("suite") in ("builtin", "dynamic")
+    ep = rollout_expert(_ENVS[key], seed, noise, privileged=privileged, settle=settle)
     ep.update(task=task, seed=seed)
     if not ep["success"]:  # don't ship frames we will not write
         for k in ("images", "state", "action", "privileged", "privileged_uv"):
@@ -112,10 +124,12 @@ def generate(
     overwrite: bool = False,
     video_quality: str = "standard",
     progress: bool = True,
+    settle: int = 0,
 ) -> dict[str, Any]:
     """Write ``episodes`` successful expert demos to a LeRobot v3 dataset at ``out``; returns a report.
 
-    ``progress``: show a live bar (episodes/s, ETA, the expert's success so far)."""
+    ``progress``: show a live bar (episodes/s, ETA, the expert's success so far); ``settle``: see
+    ``rollout_expert``."""
     from vlastack.data.lerobot import LeRobotWriter
     from vlastack.data.samples import ENV_KEY, ENV_UV_KEY
     from vlastack.sim.env import make_env, suite_tasks
@@ -145,7 +159,7 @@ def generate(
     features = {f"observation.images.{c}": dict(img_ft) for c in cameras}
     features["observation.state"] = {"dtype": "float32", "shape": [state_dim], "names": None}
     features["action"] = {"dtype": "float32", "shape": [action_dim], "names": None}
-    if suite == "builtin":
+    if suite in ("builtin", "dynamic"):
         features["observation.state"]["names"] = STATE_NAMES
         features["action"]["names"] = ACTION_NAMES
         features[ENV_KEY] = {
@@ -178,7 +192,7 @@ def generate(
             want = episodes - len(meta)
             ks = range(next_k, next_k + want)
             next_k += want
-            args = [(names[k % len(names)], seed + k, env_kw, noise) for k in ks]
+            args = [(names[k % len(names)], seed + k, env_kw, noise, settle) for k in ks]
             results = ex.map(_job, *zip(*args)) if ex else (_job(*a) for a in args)
             for ep in results:
                 attempts[ep["task"]][0] += 1
@@ -218,6 +232,7 @@ def generate(
         "noise": noise,
         "seed": seed,
         "video_quality": video_quality,
+        "settle": settle,
         "wall_s": time.perf_counter() - t0,
     }
     (Path(root) / "meta" / "vlastack_sim.json").write_text(

@@ -69,6 +69,9 @@ class Task:
     def expert(self) -> np.ndarray:
         raise NotImplementedError
 
+    def advance(self) -> None:
+        """Before each control step: dynamic families move or change their objects (dynamic.py)."""
+
     def key_positions(self) -> tuple[np.ndarray, np.ndarray]:
         """Privileged: the two points the task is about (object, goal), each xyz [3] in metres."""
         raise NotImplementedError

@@ -452,6 +452,12 @@ class Trainer:
     def _optimizer_step(self, micro: list[Batch]):
         """One optimizer step, the LR schedule's step and the EMA update; returns (result, lr used)."""
         t = self.cfg.train
+        kw = None
+        if t.rtc.max_delay:  # training-time RTC: a delay per sample, its actions the clean prefix
+            n = t.rtc.max_delay + 1
+            kw = [
+                {"prefix_len": torch.randint(0, n, (len(mb["state"]),), device=self.device)} for mb in micro
+            ]
         res = train_step(
             self.wrapped,
             self.optimizer,
@@ -460,6 +466,7 @@ class Trainer:
             precision=t.precision,
             scaler=self.scaler,
             grad_clip=t.grad_clip,
+            loss_kwargs=kw,
         )
         if t.anomaly_guard and not res.ok and not res.scaled_skip:
             from vlastack.diagnostics.numerics import anomaly_stop

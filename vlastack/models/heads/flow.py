@@ -119,15 +119,25 @@ class FlowHead(HeadBase):
     # ------------------------------------------------------------------ training
 
     def embed_suffix(self, state: Tensor, x_t: Tensor, t: Tensor) -> tuple[Tensor, Tensor | None]:
-        """state [B, S(+extra)], x_t [B, H, A], t [B] -> (suffix tokens [B, suffix_len, We],
-        the expert's norm condition [B, We] (pi05) or None (pi0))."""
+        """state [B, S(+extra)], x_t [B, H, A], t [B] (or [B, H]: a flow time per action token,
+        pi0 only; training-time RTC gives the committed prefix time 0) -> (suffix tokens
+        [B, suffix_len, We], the expert's norm condition [B, We] (pi05) or None (pi0))."""
         c = self.cfg
         act = self.action_in_proj(x_t)
-        temb = sincos_time_embedding(t, c.expert.width, c.time_min_period, c.time_max_period)
+        w = c.expert.width
+        if t.dim() == 2:
+            if c.adarms:
+                raise ValueError("a flow time per action token needs variant='pi0' (pi05 has one per sample)")
+            assert t.shape == x_t.shape[:2], (t.shape, x_t.shape)
+            temb = sincos_time_embedding(t.reshape(-1), w, c.time_min_period, c.time_max_period)
+            temb = temb.reshape(*t.shape, w).to(act.dtype)
+        else:
+            temb = sincos_time_embedding(t, w, c.time_min_period, c.time_max_period)
         if c.adarms:
             cond = F.silu(self.time_mlp_out(F.silu(self.time_mlp_in(temb.to(act.dtype)))))
             return act, cond
-        temb = temb[:, None].expand(-1, c.action_horizon, -1).to(act.dtype)
+        if t.dim() == 1:
+            temb = temb[:, None].expand(-1, c.action_horizon, -1).to(act.dtype)
         h = self.action_time_mlp_out(F.silu(self.action_time_mlp_in(torch.cat([act, temb], dim=-1))))
         state_tok = self.state_proj(state)[:, None]
         return torch.cat([state_tok.to(h.dtype), h], dim=1), None
@@ -147,15 +157,27 @@ class FlowHead(HeadBase):
         return self.action_out_proj(out[:, self.n_state :]).float()
 
     def loss(
-        self, backbone: Backbone, batch: Batch, noise: Tensor | None = None, time: Tensor | None = None
+        self,
+        backbone: Backbone,
+        batch: Batch,
+        noise: Tensor | None = None,
+        time: Tensor | None = None,
+        prefix_len: Tensor | None = None,
     ) -> dict[str, Tensor]:
         """Flow-matching MSE over real (unpadded) steps and dims. -> {"loss": scalar fp32, ...}.
-        ``noise`` [B, H, A] and ``time`` [B]: fixed draws (tests), else sampled."""
+        ``noise`` [B, H, A] and ``time`` [B]: fixed draws (tests), else sampled. ``prefix_len``
+        long [B] (training-time RTC, ``train.rtc``): each sample's first d actions are the
+        committed prefix: given clean (flow time 0) and left out of the loss."""
         actions = batch["actions"].float()
-        b = actions.shape[0]
+        b, h = actions.shape[:2]
         eps = torch.randn_like(actions) if noise is None else noise.float()
         t = sample_time(b, actions.device) if time is None else time.float()
-        x_t = t[:, None, None] * eps + (1 - t[:, None, None]) * actions
+        if prefix_len is not None:
+            committed = torch.arange(h, device=actions.device)[None] < prefix_len.to(actions.device)[:, None]
+            t = torch.where(committed, 0.0, t[:, None])  # [B, H]: the prefix is clean data
+            batch = {**batch, "action_is_pad": batch["action_is_pad"] | committed}
+        tt = t[..., None] if t.dim() == 2 else t[:, None, None]
+        x_t = tt * eps + (1 - tt) * actions
         u = eps - actions
         prefix, prefix_pad = backbone.embed_prefix(batch)
         v, aux = self.train_velocity(backbone, batch, prefix, prefix_pad, x_t, t)

@@ -1,23 +1,10 @@
-"""One typed config tree: frozen dataclasses, presets as functions, YAML, dotted overrides.
-
-    cfg = load_config("tiny", yaml_path=None, overrides=["model.expert.depth=4"])
-    save_yaml(cfg, "run/config.yaml"); cfg2 = load_yaml("run/config.yaml")
-
-A new hyperparameter is one field here plus its one use site. Each dataclass checks its own
-values in ``__post_init__`` with ``_check``; the tree builders re-raise with the dotted path so a
-user always sees which key is wrong (``ValueError: model.expert.depth: ...``).
-"""
+"""The config tree's dataclasses: one per section, each checking its own values with ``_check``
+(see ``vlastack.config`` for the whole picture)."""
 
 from __future__ import annotations
 
-import contextlib
-import types
-import typing
-from dataclasses import dataclass, field, fields, is_dataclass, replace
-from pathlib import Path
+from dataclasses import dataclass, field
 from typing import Any
-
-import yaml
 
 
 class ConfigError(ValueError):
@@ -418,6 +405,20 @@ class DataConfig:
 
 
 @dataclass(frozen=True)
+class RTCTrainConfig:
+    """Training-time real-time chunking (arXiv 2512.05964; infer/realtime.py, docs/rtc.md).
+
+    Each sample draws a delay d uniform in [0, ``max_delay``]: its first d actions are given clean
+    (flow time 0, the committed prefix) and left out of the loss. 0 = off. Flow head, pi0 variant.
+    """
+
+    max_delay: int = 0
+
+    def __post_init__(self) -> None:
+        _check(self.max_delay >= 0, "max_delay", f"must be >= 0 (0 = off), got {self.max_delay}")
+
+
+@dataclass(frozen=True)
 class TrainConfig:
     steps: int = 1000
     batch_size: int = 32
@@ -452,6 +453,7 @@ class TrainConfig:
     preload: bool = False  # decode the whole dataset into memory once (small datasets)
     init_from: str = ""  # a model folder (save_pretrained) to start from, e.g. for LoRA
     num_threads: int = 0  # torch CPU threads; 0 = torch's default
+    rtc: RTCTrainConfig = field(default_factory=RTCTrainConfig)
 
     def __post_init__(self) -> None:
         _positive(self, "steps", "batch_size", "grad_accum", "log_every", "save_every", "keep_last")
@@ -475,6 +477,39 @@ class TrainConfig:
         _check(self.grad_clip >= 0, "grad_clip", "must be >= 0 (0 = off)")
 
 
+EXECUTION_METHODS = ("sync", "naive_async", "temporal_ensemble", "rtc_inference", "rtc_training")
+
+
+@dataclass(frozen=True)
+class ExecutionConfig:
+    """How chunks execute while the next one computes (infer/realtime.py, docs/rtc.md).
+
+    ``delay``: inference delay d in control steps: simulated exactly in evaluation (d steps run
+    from the old chunk while the new one is computed from the observation at request time); -1 =
+    measured live (the runtime's robust estimate). ``horizon``: steps executed from each chunk
+    before the next request (s; 0 = ``eval.steps_per_chunk``), raised to d when d is larger.
+    """
+
+    method: str = "sync"  # sync | naive_async | temporal_ensemble | rtc_inference | rtc_training
+    delay: int = 0
+    horizon: int = 0
+    guidance_max: float = 5.0  # rtc_inference: the guidance weight clip (beta)
+    delay_warmup: int = 2  # live delay: the first latencies (compile, caches) are not counted
+    delay_quantile: float = 0.9  # live delay: this quantile of the recent latencies (in steps)
+
+    def __post_init__(self) -> None:
+        _check(
+            self.method in EXECUTION_METHODS,
+            "method",
+            f"must be one of {' | '.join(EXECUTION_METHODS)}, got {self.method!r}",
+        )
+        _check(self.delay >= -1, "delay", f"must be >= 0 (steps) or -1 (measured live), got {self.delay}")
+        _check(self.horizon >= 0, "horizon", f"must be >= 0 (0 = eval.steps_per_chunk), got {self.horizon}")
+        _check(self.guidance_max > 0, "guidance_max", f"must be > 0, got {self.guidance_max}")
+        _check(self.delay_warmup >= 0, "delay_warmup", f"must be >= 0, got {self.delay_warmup}")
+        _check(0 < self.delay_quantile <= 1, "delay_quantile", "must be in (0, 1]")
+
+
 @dataclass(frozen=True)
 class EvalConfig:
     suite: str = "builtin"
@@ -486,10 +521,16 @@ class EvalConfig:
     temporal_ensemble: float = 0.0  # 0 = off, else exponential weight
     image_size: int = 64
     videos: int = 4
+    execution: ExecutionConfig = field(default_factory=ExecutionConfig)
 
     def __post_init__(self) -> None:
         _positive(self, "episodes", "steps_per_chunk", "image_size")
         _check(self.num_workers >= 0, "num_workers", "must be >= 0")
+        _check(
+            self.execution.method != "temporal_ensemble" or self.temporal_ensemble > 0,
+            "execution.method",
+            "temporal_ensemble needs its weight: set eval.temporal_ensemble > 0 (e.g. 0.1)",
+        )
 
 
 @dataclass(frozen=True)
@@ -510,276 +551,15 @@ class Config:
             "data.norm_stats",
             "'init_from' keeps the statistics of train.init_from's checkpoint: set train.init_from",
         )
-
-
-# ----------------------------------------------------------------------------- presets
-
-
-def tiny() -> Config:
-    """Trains at several steps/s at batch 32 on a 2-core CPU. 64x64 images, patch 8."""
-    d = DecoderConfig(width=128, depth=2, heads=4, kv_heads=1, head_dim=32, mlp_dim=384, vocab_size=260)
-    return Config(
-        model=ModelConfig(
-            vision=VisionConfig(image_size=64, patch_size=8, width=128, depth=2, heads=4, mlp_dim=384),
-            vlm=d,
-            expert=replace(d, width=64, mlp_dim=192, vocab_size=1),
-            action_horizon=16,
-            action_dim=8,
-            state_dim=8,
-            camera_names=("scene", "wrist"),
-            max_text_len=24,
-        ),
-        train=TrainConfig(steps=1500, batch_size=32, lr=1e-3, warmup_steps=50),
-        eval=EvalConfig(steps_per_chunk=8, image_size=64),
-    )
-
-
-def small() -> Config:
-    """About 100M parameters: a ViT-S/16-like encoder, a 12-layer 512-wide VLM, a 256-wide expert."""
-    d = DecoderConfig(width=512, depth=12, heads=8, kv_heads=2, head_dim=64, mlp_dim=2048, vocab_size=32000)
-    return Config(
-        model=ModelConfig(
-            vision=VisionConfig(image_size=224, patch_size=16, width=384, depth=12, heads=6, mlp_dim=1536),
-            vlm=d,
-            expert=replace(d, width=256, mlp_dim=1024, vocab_size=1),
-            action_horizon=50,
-            action_dim=32,
-            state_dim=32,
-            camera_names=("base_0_rgb", "left_wrist_0_rgb"),
-            max_text_len=48,
-        ),
-        train=TrainConfig(batch_size=8, lr=1e-4),
-        eval=EvalConfig(image_size=224),
-    )
-
-
-def pi0() -> Config:
-    """The exact Pi0 shapes: SigLIP So400m/14 + Gemma-2B + a Gemma-300M-like action expert."""
-    return Config(
-        model=ModelConfig(),
-        train=TrainConfig(batch_size=32, lr=2.5e-5, precision="bf16", activation_checkpointing=True),
-        eval=EvalConfig(image_size=224),
-    )
-
-
-def pi05() -> Config:
-    """The public Pi0.5 shapes (LeRobot/openpi ``pi05_base``): pi0's encoder, VLM and expert, with
-    the state written into a 200-token prompt and the flow time in the expert's adaptive norms."""
-    return Config(
-        model=ModelConfig(variant="pi05", max_text_len=200),
-        data=DataConfig(norm=NormConfig(state="quantiles", action="quantiles")),
-        train=TrainConfig(batch_size=32, lr=2.5e-5, precision="bf16", activation_checkpointing=True),
-        eval=EvalConfig(image_size=224),
-    )
-
-
-PRESETS = {"tiny": tiny, "small": small, "pi0": pi0, "pi05": pi05}
-
-
-# ----------------------------------------------------------------------------- (de)serialization
-
-
-def to_dict(cfg: Any) -> Any:
-    """Dataclass tree -> plain dict (tuples become lists) for YAML/JSON."""
-    if is_dataclass(cfg):
-        return {f.name: to_dict(getattr(cfg, f.name)) for f in fields(cfg)}
-    if isinstance(cfg, tuple | list):
-        return [to_dict(v) for v in cfg]
-    return cfg
-
-
-def _coerce(value: Any, tp: Any, key: str) -> Any:
-    """Check ``value`` against the type hint ``tp`` and convert lists to tuples and ints to floats."""
-    origin = typing.get_origin(tp)
-    if origin in (typing.Union, types.UnionType):
-        args = typing.get_args(tp)
-        if value is None and type(None) in args:
-            return None
-        errors = []
-        for a in args:
-            if a is type(None):
-                continue
-            try:
-                return _coerce(value, a, key)
-            except ConfigError as e:
-                errors.append(e.msg)
-        raise ConfigError(key, "; ".join(errors))
-    if origin is tuple:
-        args = typing.get_args(tp)
-        if isinstance(value, str):
-            value = [value]
-        if not isinstance(value, list | tuple):
-            raise ConfigError(key, f"expected a list, got {value!r}")
-        if len(args) == 2 and args[1] is Ellipsis:
-            return tuple(_coerce(v, args[0], f"{key}[{i}]") for i, v in enumerate(value))
-        if len(value) != len(args):
-            raise ConfigError(key, f"expected {len(args)} items, got {len(value)}")
-        return tuple(_coerce(v, a, f"{key}[{i}]") for i, (v, a) in enumerate(zip(value, args)))
-    if is_dataclass(tp):
-        if isinstance(value, tp):
-            return value
-        if not isinstance(value, dict):
-            raise ConfigError(key, f"expected a mapping, got {value!r}")
-        return _from_dict(tp, value, key)
-    if tp is bool:
-        if not isinstance(value, bool):
-            raise ConfigError(key, f"expected true/false, got {value!r}")
-        return value
-    if tp is int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise ConfigError(key, f"expected an integer, got {value!r}")
-        return value
-    if tp is float:
-        if isinstance(value, str):  # YAML 1.1 reads "1e-4" as a string
-            with contextlib.suppress(ValueError):
-                value = float(value)
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            raise ConfigError(key, f"expected a number, got {value!r}")
-        return float(value)
-    if tp is str:
-        if not isinstance(value, str):
-            raise ConfigError(key, f"expected a string, got {value!r}")
-        return value
-    return value
-
-
-def _hints(cls: type) -> dict[str, Any]:
-    return typing.get_type_hints(cls)
-
-
-def _from_dict(cls: type, data: dict, prefix: str = "", base: Any = None) -> Any:
-    """Build dataclass ``cls`` from ``data``, on top of ``base`` (an instance) when given."""
-    hints = _hints(cls)
-    names = {f.name for f in fields(cls)}
-    kwargs = {}
-    for k, v in data.items():
-        key = f"{prefix}.{k}" if prefix else k
-        if k not in names:
-            raise ConfigError(key, f"unknown key; valid keys here: {', '.join(sorted(names))}")
-        tp = hints[k]
-        if is_dataclass(tp) and isinstance(v, dict):
-            kwargs[k] = _from_dict(tp, v, key, getattr(base, k) if base is not None else None)
-        else:
-            kwargs[k] = _coerce(v, tp, key)
-    return _construct(cls, kwargs, prefix, base)
-
-
-def _construct(cls: type, kwargs: dict, prefix: str, base: Any) -> Any:
-    try:
-        return replace(base, **kwargs) if base is not None else cls(**kwargs)
-    except ConfigError as e:
-        raise ConfigError(f"{prefix}.{e.key}" if prefix else e.key, e.msg) from None
-
-
-def from_dict(data: dict, base: Config | None = None) -> Config:
-    """Plain dict (e.g. loaded YAML) -> Config, validated; keys not given keep ``base``'s values."""
-    if not isinstance(data, dict):
-        raise ConfigError("", f"config must be a mapping, got {type(data).__name__}")
-    return _from_dict(Config, data, "", base)
-
-
-def save_yaml(cfg: Config, path: str | Path) -> None:
-    Path(path).write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
-
-
-def packaged_yaml(name: str) -> str | None:
-    """The text of a config shipped in the package (``vlastack/configs/<name>.yaml``), or None."""
-    from importlib.resources import files
-
-    res = files("vlastack").joinpath("configs", f"{name.removesuffix('.yaml')}.yaml")
-    return res.read_text() if res.is_file() else None
-
-
-def load_yaml(path: str | Path, base: Config | None = None) -> Config:
-    """A YAML file, or a packaged config by bare name (``demo``: vlastack/configs/demo.yaml)."""
-    from vlastack.fileio import read_yaml
-
-    p = Path(path)
-    packaged = None if p.exists() or len(p.parts) > 1 else packaged_yaml(str(path))
-    data = (yaml.safe_load(packaged) if packaged is not None else read_yaml(path)) or {}
-    if not isinstance(data, dict):
-        raise ValueError(f"{path}: a config YAML must be a mapping of sections, got {type(data).__name__}")
-    return from_dict(data, base)
-
-
-def parse_override(text: str) -> tuple[list[str], Any]:
-    """``"model.expert.depth=6"`` -> (["model", "expert", "depth"], 6). Values are YAML scalars."""
-    if "=" not in text:
-        raise ConfigError(text, "override must look like key.path=value")
-    key, raw = text.split("=", 1)
-    key = key.strip()
-    if not key:
-        raise ConfigError(text, "override has an empty key")
-    return key.split("."), yaml.safe_load(raw) if raw.strip() else ""
-
-
-def apply_overrides(cfg: Config, overrides: list[str] | tuple[str, ...]) -> Config:
-    """Apply dotted ``key=value`` overrides; unknown keys and bad values raise ``ConfigError``."""
-    nested: dict = {}
-    for text in overrides:
-        path, value = parse_override(text)
-        node = nested
-        for p in path[:-1]:
-            node = node.setdefault(p, {})
-            if not isinstance(node, dict):
-                raise ConfigError(".".join(path), "conflicts with an earlier override")
-        node[path[-1]] = value
-    return _apply_nested(cfg, nested, "")
-
-
-def _apply_nested(obj: Any, nested: dict, prefix: str) -> Any:
-    hints = _hints(type(obj))
-    names = {f.name for f in fields(obj)}
-    kwargs = {}
-    for k, v in nested.items():
-        key = f"{prefix}.{k}" if prefix else k
-        if k not in names:
-            raise ConfigError(key, f"unknown key; valid keys here: {', '.join(sorted(names))}")
-        cur = getattr(obj, k)
-        if is_dataclass(cur) and isinstance(v, dict):
-            kwargs[k] = _apply_nested(cur, v, key)
-        else:
-            kwargs[k] = _coerce(v, hints[k], key)
-    return _construct(type(obj), kwargs, prefix, obj)
-
-
-def load_config(
-    preset: str = "tiny", yaml_path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()
-) -> Config:
-    """preset -> YAML on top -> dotted overrides on top. The one way every command builds a config."""
-    if preset not in PRESETS:
-        raise ConfigError("preset", f"unknown preset {preset!r}; choose from {', '.join(PRESETS)}")
-    cfg = PRESETS[preset]()
-    if yaml_path is not None:
-        cfg = load_yaml(yaml_path, base=cfg)
-    return apply_overrides(cfg, list(overrides))
-
-
-def model_config_from_dict(data: dict) -> ModelConfig:
-    return _from_dict(ModelConfig, data, "model")
-
-
-__all__ = [
-    "PRESETS",
-    "Config",
-    "ConfigError",
-    "DataConfig",
-    "DecoderConfig",
-    "EvalConfig",
-    "GroundingConfig",
-    "ModelConfig",
-    "NormConfig",
-    "TokenHeadConfig",
-    "TrainConfig",
-    "VisionConfig",
-    "apply_overrides",
-    "from_dict",
-    "load_config",
-    "load_yaml",
-    "model_config_from_dict",
-    "pi0",
-    "save_yaml",
-    "small",
-    "tiny",
-    "to_dict",
-]
+        h = self.model.action_horizon
+        _check(
+            self.train.rtc.max_delay < h,
+            "train.rtc.max_delay",
+            f"({self.train.rtc.max_delay}) must be below model.action_horizon ({h})",
+        )
+        _check(
+            not self.train.rtc.max_delay or (self.model.head == "flow" and self.model.variant == "pi0"),
+            "train.rtc.max_delay",
+            "training-time RTC gives each action token its own flow time: needs model.head=flow, "
+            "variant=pi0 (pi05's adaptive norms take one time per sample)",
+        )

@@ -1,0 +1,219 @@
+"""Real-time chunking in the model and the policy: guided inpainting, clean-prefix sampling, the
+training-time RTC loss, and the edge cases of the ``action_prefix`` request (missing or long
+delay, action-dim order and padding, wrong heads), also through ``vla serve``."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import replace
+
+import numpy as np
+import pytest
+import torch
+
+from tests.infer.conftest import ACTION_DIM, STATE_DIM, make_obs, micro_config
+from vlastack.data.stats import Normalizer
+from vlastack.infer.obs import ObsError
+from vlastack.infer.policy import Policy
+from vlastack.models import build_model
+from vlastack.models.heads.flow import flow_mse
+from vlastack.models.heads.rtc import guidance_weight, guided_sample, prefix_sample, prefix_weights
+
+H = 16
+
+
+def per_dim_normalizer() -> Normalizer:
+    """Different statistics per action dim, so a prefix in the wrong dim order shows."""
+    stats = {
+        "observation.state": {"mean": np.zeros(STATE_DIM), "std": np.ones(STATE_DIM)},
+        "action": {"mean": np.arange(ACTION_DIM) * 3.0, "std": np.arange(1, ACTION_DIM + 1) * 0.5},
+    }
+    return Normalizer(stats, {"observation.state": "mean_std", "action": "mean_std"})
+
+
+@pytest.fixture(scope="module")
+def policy():
+    torch.manual_seed(0)
+    model = build_model(replace(micro_config(), num_denoise_steps=8))
+    return Policy(model, per_dim_normalizer(), seed=0)
+
+
+def committed(policy, obs, n=8, seed=0):
+    """Actions a previous chunk committed: plausible values in env units, [n, A_env]."""
+    rng = np.random.default_rng(seed)
+    mean, std = np.arange(ACTION_DIM) * 3.0, np.arange(1, ACTION_DIM + 1) * 0.5
+    return (mean + std * rng.uniform(-1, 1, (n, ACTION_DIM))).astype(np.float32)
+
+
+def test_prefix_weights_and_guidance_weight():
+    w = prefix_weights(H, 3, 10)
+    assert w.shape == (H,) and (w[:3] == 1).all() and (w[10:] == 0).all()
+    assert (w[3:10] > 0).all() and (w[3:10] < 1).all() and (torch.diff(w[2:11]) < 0).all()
+    assert torch.equal(prefix_weights(H, 20, 10)[:10], torch.ones(10))  # delay clipped to the overlap
+    assert (prefix_weights(H, 0, 0) == 0).all()
+    with pytest.raises(ValueError, match="overlap"):
+        prefix_weights(H, 2, H + 1)
+    assert guidance_weight(1.0, 5.0) == 5.0 and guidance_weight(0.0, 5.0) == 5.0
+    assert guidance_weight(0.5, 5.0) == pytest.approx(2.0) and guidance_weight(0.9, 5.0) == 5.0
+
+
+@pytest.mark.parametrize("delay", [0, 2, 5])
+def test_guided_inpainting_keeps_the_committed_actions(policy, delay):
+    obs = make_obs()
+    y = committed(policy, obs)
+    plain = policy.infer(obs)["actions"]
+    guided = policy.infer({**obs, "action_prefix": y, "inference_delay": delay})["actions"]
+    assert guided.shape == (H, ACTION_DIM)
+    scale = np.arange(1, ACTION_DIM + 1) * 0.5  # compare in normalized units, per dim
+    err = np.abs(guided[:8] - y) / scale
+    base = np.abs(plain[:8] - y) / scale
+    if delay:
+        assert err[:delay].mean() < 0.15 * base[:delay].mean()
+    assert err[delay:8].mean() < 0.8 * base[delay:8].mean()  # the soft region is pulled too
+
+
+def test_guided_sample_ignores_targets_where_the_weight_is_zero(policy):
+    model, c = policy.model, policy.cfg
+    trainable = [p.requires_grad for p in model.parameters()]
+    batch = policy._batch([policy.check(make_obs())])
+    noise = torch.randn(1, H, c.action_dim, generator=torch.Generator().manual_seed(0))
+    w = (prefix_weights(H, 2, 8)[:, None] * (torch.arange(c.action_dim) < ACTION_DIM).float())[None]
+    target = torch.randn(1, H, c.action_dim)
+    other = target.clone()
+    other[:, 8:] = 100.0  # past the overlap
+    other[:, :, ACTION_DIM:] = -100.0  # the model's padded dims: never a (zero) target
+    a = guided_sample(model.head, model, batch, target, w, noise)
+    b = guided_sample(model.head, model, batch, other, w, noise)
+    torch.testing.assert_close(a, b)
+    assert [p.requires_grad for p in model.parameters()] == trainable  # restored after sampling
+
+
+def test_training_time_rtc_sampling_keeps_the_prefix_exactly(policy):
+    obs = make_obs(1)
+    y = committed(policy, obs, seed=1)
+    out = policy.infer({**obs, "action_prefix": y, "inference_delay": 3, "rtc_method": "rtc_training"})
+    np.testing.assert_allclose(out["actions"][:3], y[:3], rtol=1e-5, atol=1e-4)  # dims in env order
+    model, c = policy.model, policy.cfg
+    batch = policy._batch([policy.check(obs)])
+    noise = torch.randn(1, H, c.action_dim, generator=torch.Generator().manual_seed(0))
+    zero = prefix_sample(model.head, model, batch, torch.zeros(1, H, c.action_dim), torch.tensor([0]), noise)
+    torch.testing.assert_close(zero, model.sample_actions(batch, noise=noise))  # d = 0: plain sampling
+
+
+def test_missing_and_long_delays_are_handled_and_logged(policy, caplog):
+    obs = make_obs(2)
+    y = committed(policy, obs, n=4)
+    policy._warned.clear()
+    with caplog.at_level(logging.WARNING, logger="vlastack.infer.policy"):
+        a = policy.infer({**obs, "action_prefix": y})["actions"]  # no delay: soft guidance only
+        b = policy.infer({**obs, "action_prefix": y, "inference_delay": 9})["actions"]  # > prefix
+        c = policy.infer({**obs, "action_prefix": y, "rtc_method": "rtc_training"})["actions"]
+    assert np.isfinite(a).all() and np.isfinite(b).all() and np.isfinite(c).all()
+    assert "no inference_delay" in caplog.text and "exceeds the 4-action prefix" in caplog.text
+
+
+@pytest.mark.parametrize(
+    ("extra", "match"),
+    [
+        ({"action_prefix": np.zeros((4, ACTION_DIM - 1), np.float32)}, "env's action dims"),
+        ({"action_prefix": np.zeros((H + 1, ACTION_DIM), np.float32)}, "1 <= n <= 16"),
+        ({"action_prefix": np.full((2, ACTION_DIM), np.nan, np.float32)}, "NaN"),
+        ({"action_prefix": [[0.0] * ACTION_DIM]}, "float array"),
+        ({"action_prefix": np.zeros((2, ACTION_DIM), np.float32), "inference_delay": -1}, "inference_delay"),
+        ({"action_prefix": np.zeros((2, ACTION_DIM), np.float32), "inference_delay": 1.5}, "inference_delay"),
+        ({"inference_delay": 2}, "needs 'action_prefix'"),
+        ({"action_prefix": np.zeros((2, ACTION_DIM), np.float32), "rtc_method": "bid"}, "rtc_method"),
+    ],
+)
+def test_bad_rtc_requests_are_refused(policy, extra, match):
+    with pytest.raises(ObsError, match=match):
+        policy.check({**make_obs(), **extra})
+
+
+def test_token_head_refuses_a_prefix(tmp_path):
+    from vlastack.config import TokenHeadConfig
+
+    cfg = replace(micro_config(), head="tokens", tokens=TokenHeadConfig())
+    torch.manual_seed(0)
+    pol = Policy(build_model(cfg), per_dim_normalizer(), seed=0)
+    with pytest.raises(ValueError, match="needs a flow head"):
+        pol.infer({**make_obs(), "action_prefix": np.zeros((2, ACTION_DIM), np.float32)})
+
+
+def _flow_batch(cfg, b=3):
+    g = torch.Generator().manual_seed(1)
+    return {
+        "images": torch.rand(b, 2, 3, 64, 64, generator=g) * 2 - 1,
+        "image_mask": torch.ones(b, 2, dtype=torch.bool),
+        "state": torch.randn(b, cfg.state_dim, generator=g),
+        "tokens": torch.randint(0, 250, (b, cfg.max_text_len), generator=g),
+        "token_mask": torch.ones(b, cfg.max_text_len, dtype=torch.bool),
+        "actions": torch.randn(b, cfg.action_horizon, cfg.action_dim, generator=g),
+        "action_is_pad": torch.zeros(b, cfg.action_horizon, dtype=torch.bool),
+        "action_dim_mask": torch.arange(cfg.action_dim)[None].expand(b, -1) < 6,
+    }
+
+
+def test_training_time_rtc_loss_masks_the_committed_prefix():
+    cfg = micro_config()
+    torch.manual_seed(0)
+    model = build_model(cfg)
+    batch = _flow_batch(cfg)
+    g = torch.Generator().manual_seed(2)
+    noise = torch.randn(3, H, cfg.action_dim, generator=g)
+    t = torch.tensor([0.3, 0.7, 0.95])
+    d = torch.tensor([0, 4, 9])
+    base = model(batch, noise=noise, time=t)["loss"]
+    torch.testing.assert_close(
+        model(batch, noise=noise, time=t, prefix_len=torch.zeros(3, dtype=torch.long))["loss"], base
+    )
+    loss = model(batch, noise=noise, time=t, prefix_len=d)["loss"]
+    # The committed steps are given clean: their noise cannot matter, and they are not scored.
+    noise2 = noise.clone()
+    noise2[1, :4] += 5.0
+    noise2[2, :9] -= 3.0
+    torch.testing.assert_close(model(batch, noise=noise2, time=t, prefix_len=d)["loss"], loss)
+    # The same loss by hand: per-token time (0 on the prefix), pads on the prefix.
+    committed = torch.arange(H)[None] < d[:, None]
+    tt = torch.where(committed, 0.0, t[:, None])
+    a = batch["actions"]
+    x_t = tt[..., None] * noise + (1 - tt[..., None]) * a
+    prefix, pad = model.embed_prefix(batch)
+    v = model.head.velocity_full(model, prefix, pad, batch["state"], x_t, tt)
+    ref = flow_mse(v, noise - a, {**batch, "action_is_pad": committed})["loss"]
+    torch.testing.assert_close(loss, ref)
+
+
+def test_per_token_time_equal_to_the_sample_time_changes_nothing():
+    cfg = micro_config()
+    torch.manual_seed(0)
+    model = build_model(cfg)
+    batch = _flow_batch(cfg, 2)
+    x = torch.randn(2, H, cfg.action_dim)
+    t = torch.tensor([0.2, 0.8])
+    prefix, pad = model.embed_prefix(batch)
+    a = model.head.velocity_full(model, prefix, pad, batch["state"], x, t)
+    b = model.head.velocity_full(model, prefix, pad, batch["state"], x, t[:, None].expand(-1, H))
+    torch.testing.assert_close(a, b)
+    pi05 = build_model(replace(cfg, variant="pi05", max_text_len=32))
+    with pytest.raises(ValueError, match="pi0"):
+        pi05.head.embed_suffix(batch["state"], x, t[:, None].expand(-1, H))
+
+
+def test_rtc_request_through_vla_serve_and_the_openpi_client(policy):
+    from openpi_client.websocket_client_policy import WebsocketClientPolicy
+
+    from vlastack.infer.server import PolicyServer, ServerThread
+
+    obs = make_obs(3)
+    y = committed(policy, obs, n=6, seed=3)
+    req = {**obs, "action_prefix": y, "inference_delay": 2, "rtc_method": "rtc_training"}
+    local = policy.infer(req)["actions"]
+    with ServerThread(PolicyServer(policy, port=0)) as srv:
+        client = WebsocketClientPolicy("127.0.0.1", srv.port)
+        assert client.get_server_metadata()["rtc_methods"] == ["rtc_inference", "rtc_training"]
+        out = client.infer(req)["actions"]
+        with pytest.raises(RuntimeError, match="action_prefix"):
+            client.infer({**obs, "action_prefix": y[:, :2]})
+    np.testing.assert_allclose(out[:2], y[:2], rtol=1e-5, atol=1e-4)
+    assert out.shape == local.shape == (H, ACTION_DIM)  # (the noise differs between the two calls)

@@ -1,0 +1,78 @@
+"""One typed config tree: frozen dataclasses, presets as functions, YAML, dotted overrides.
+
+    cfg = load_config("tiny", yaml_path=None, overrides=["model.expert.depth=4"])
+    save_yaml(cfg, "run/config.yaml"); cfg2 = load_yaml("run/config.yaml")
+
+``schema.py`` holds the dataclasses, ``presets.py`` the presets, ``io.py`` YAML and overrides; this
+module re-exports them. A new hyperparameter is one field in ``schema.py`` plus its one use site. Each dataclass checks its own
+values in ``__post_init__`` with ``_check``; the tree builders re-raise with the dotted path so a
+user always sees which key is wrong (``ValueError: model.expert.depth: ...``).
+"""
+
+from __future__ import annotations
+
+from vlastack.config.io import (
+    apply_overrides,
+    from_dict,
+    load_config,
+    load_yaml,
+    model_config_from_dict,
+    save_yaml,
+    to_dict,
+)
+from vlastack.config.presets import (
+    PRESETS,
+    pi0,
+    pi05,
+    small,
+    tiny,
+)
+from vlastack.config.schema import (
+    EXECUTION_METHODS,
+    HEAD_NAMES,
+    HEAD_REGISTRY,
+    Config,
+    ConfigError,
+    DataConfig,
+    DecoderConfig,
+    EvalConfig,
+    ExecutionConfig,
+    GroundingConfig,
+    ModelConfig,
+    NormConfig,
+    RTCTrainConfig,
+    TokenHeadConfig,
+    TrainConfig,
+    VisionConfig,
+)
+
+__all__ = [
+    "EXECUTION_METHODS",
+    "HEAD_NAMES",
+    "HEAD_REGISTRY",
+    "PRESETS",
+    "Config",
+    "ConfigError",
+    "DataConfig",
+    "DecoderConfig",
+    "EvalConfig",
+    "ExecutionConfig",
+    "GroundingConfig",
+    "ModelConfig",
+    "NormConfig",
+    "RTCTrainConfig",
+    "TokenHeadConfig",
+    "TrainConfig",
+    "VisionConfig",
+    "apply_overrides",
+    "from_dict",
+    "load_config",
+    "load_yaml",
+    "model_config_from_dict",
+    "pi0",
+    "pi05",
+    "save_yaml",
+    "small",
+    "tiny",
+    "to_dict",
+]

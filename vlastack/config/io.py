@@ -1,0 +1,196 @@
+"""(De)serialization: dataclass tree <-> dict/YAML, packaged recipes, dotted overrides, and
+``load_config`` (preset -> YAML -> overrides)."""
+
+from __future__ import annotations
+
+import contextlib
+import types
+import typing
+from dataclasses import fields, is_dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from vlastack.config.presets import PRESETS
+from vlastack.config.schema import Config, ConfigError, ModelConfig
+
+
+def to_dict(cfg: Any) -> Any:
+    """Dataclass tree -> plain dict (tuples become lists) for YAML/JSON."""
+    if is_dataclass(cfg):
+        return {f.name: to_dict(getattr(cfg, f.name)) for f in fields(cfg)}
+    if isinstance(cfg, tuple | list):
+        return [to_dict(v) for v in cfg]
+    return cfg
+
+
+def _coerce(value: Any, tp: Any, key: str) -> Any:
+    """Check ``value`` against the type hint ``tp`` and convert lists to tuples and ints to floats."""
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        args = typing.get_args(tp)
+        if value is None and type(None) in args:
+            return None
+        errors = []
+        for a in args:
+            if a is type(None):
+                continue
+            try:
+                return _coerce(value, a, key)
+            except ConfigError as e:
+                errors.append(e.msg)
+        raise ConfigError(key, "; ".join(errors))
+    if origin is tuple:
+        args = typing.get_args(tp)
+        if isinstance(value, str):
+            value = [value]
+        if not isinstance(value, list | tuple):
+            raise ConfigError(key, f"expected a list, got {value!r}")
+        if len(args) == 2 and args[1] is Ellipsis:
+            return tuple(_coerce(v, args[0], f"{key}[{i}]") for i, v in enumerate(value))
+        if len(value) != len(args):
+            raise ConfigError(key, f"expected {len(args)} items, got {len(value)}")
+        return tuple(_coerce(v, a, f"{key}[{i}]") for i, (v, a) in enumerate(zip(value, args)))
+    if is_dataclass(tp):
+        if isinstance(value, tp):
+            return value
+        if not isinstance(value, dict):
+            raise ConfigError(key, f"expected a mapping, got {value!r}")
+        return _from_dict(tp, value, key)
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(key, f"expected true/false, got {value!r}")
+        return value
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(key, f"expected an integer, got {value!r}")
+        return value
+    if tp is float:
+        if isinstance(value, str):  # YAML 1.1 reads "1e-4" as a string
+            with contextlib.suppress(ValueError):
+                value = float(value)
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ConfigError(key, f"expected a number, got {value!r}")
+        return float(value)
+    if tp is str:
+        if not isinstance(value, str):
+            raise ConfigError(key, f"expected a string, got {value!r}")
+        return value
+    return value
+
+
+def _hints(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+def _from_dict(cls: type, data: dict, prefix: str = "", base: Any = None) -> Any:
+    """Build dataclass ``cls`` from ``data``, on top of ``base`` (an instance) when given."""
+    hints = _hints(cls)
+    names = {f.name for f in fields(cls)}
+    kwargs = {}
+    for k, v in data.items():
+        key = f"{prefix}.{k}" if prefix else k
+        if k not in names:
+            raise ConfigError(key, f"unknown key; valid keys here: {', '.join(sorted(names))}")
+        tp = hints[k]
+        if is_dataclass(tp) and isinstance(v, dict):
+            kwargs[k] = _from_dict(tp, v, key, getattr(base, k) if base is not None else None)
+        else:
+            kwargs[k] = _coerce(v, tp, key)
+    return _construct(cls, kwargs, prefix, base)
+
+
+def _construct(cls: type, kwargs: dict, prefix: str, base: Any) -> Any:
+    try:
+        return replace(base, **kwargs) if base is not None else cls(**kwargs)
+    except ConfigError as e:
+        raise ConfigError(f"{prefix}.{e.key}" if prefix else e.key, e.msg) from None
+
+
+def from_dict(data: dict, base: Config | None = None) -> Config:
+    """Plain dict (e.g. loaded YAML) -> Config, validated; keys not given keep ``base``'s values."""
+    if not isinstance(data, dict):
+        raise ConfigError("", f"config must be a mapping, got {type(data).__name__}")
+    return _from_dict(Config, data, "", base)
+
+
+def save_yaml(cfg: Config, path: str | Path) -> None:
+    Path(path).write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
+
+
+def packaged_yaml(name: str) -> str | None:
+    """The text of a config shipped in the package (``vlastack/configs/<name>.yaml``), or None."""
+    from importlib.resources import files
+
+    res = files("vlastack").joinpath("configs", f"{name.removesuffix('.yaml')}.yaml")
+    return res.read_text() if res.is_file() else None
+
+
+def load_yaml(path: str | Path, base: Config | None = None) -> Config:
+    """A YAML file, or a packaged config by bare name (``demo``: vlastack/configs/demo.yaml)."""
+    from vlastack.fileio import read_yaml
+
+    p = Path(path)
+    packaged = None if p.exists() or len(p.parts) > 1 else packaged_yaml(str(path))
+    data = (yaml.safe_load(packaged) if packaged is not None else read_yaml(path)) or {}
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: a config YAML must be a mapping of sections, got {type(data).__name__}")
+    return from_dict(data, base)
+
+
+def parse_override(text: str) -> tuple[list[str], Any]:
+    """``"model.expert.depth=6"`` -> (["model", "expert", "depth"], 6). Values are YAML scalars."""
+    if "=" not in text:
+        raise ConfigError(text, "override must look like key.path=value")
+    key, raw = text.split("=", 1)
+    key = key.strip()
+    if not key:
+        raise ConfigError(text, "override has an empty key")
+    return key.split("."), yaml.safe_load(raw) if raw.strip() else ""
+
+
+def apply_overrides(cfg: Config, overrides: list[str] | tuple[str, ...]) -> Config:
+    """Apply dotted ``key=value`` overrides; unknown keys and bad values raise ``ConfigError``."""
+    nested: dict = {}
+    for text in overrides:
+        path, value = parse_override(text)
+        node = nested
+        for p in path[:-1]:
+            node = node.setdefault(p, {})
+            if not isinstance(node, dict):
+                raise ConfigError(".".join(path), "conflicts with an earlier override")
+        node[path[-1]] = value
+    return _apply_nested(cfg, nested, "")
+
+
+def _apply_nested(obj: Any, nested: dict, prefix: str) -> Any:
+    hints = _hints(type(obj))
+    names = {f.name for f in fields(obj)}
+    kwargs = {}
+    for k, v in nested.items():
+        key = f"{prefix}.{k}" if prefix else k
+        if k not in names:
+            raise ConfigError(key, f"unknown key; valid keys here: {', '.join(sorted(names))}")
+        cur = getattr(obj, k)
+        if is_dataclass(cur) and isinstance(v, dict):
+            kwargs[k] = _apply_nested(cur, v, key)
+        else:
+            kwargs[k] = _coerce(v, hints[k], key)
+    return _construct(type(obj), kwargs, prefix, obj)
+
+
+def load_config(
+    preset: str = "tiny", yaml_path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()
+) -> Config:
+    """preset -> YAML on top -> dotted overrides on top. The one way every command builds a config."""
+    if preset not in PRESETS:
+        raise ConfigError("preset", f"unknown preset {preset!r}; choose from {', '.join(PRESETS)}")
+    cfg = PRESETS[preset]()
+    if yaml_path is not None:
+        cfg = load_yaml(yaml_path, base=cfg)
+    return apply_overrides(cfg, list(overrides))
+
+
+def model_config_from_dict(data: dict) -> ModelConfig:
+    return _from_dict(ModelConfig, data, "model")
