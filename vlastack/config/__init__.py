@@ -17,6 +17,8 @@ from vlastack.config.io import (
     load_config,
     load_yaml,
     model_config_from_dict,
+    packaged_yaml,
+    parse_override,
     save_yaml,
     to_dict,
 )
@@ -69,6 +71,8 @@ __all__ = [
     "load_config",
     "load_yaml",
     "model_config_from_dict",
+    "packaged_yaml",
+    "parse_override",
     "pi0",
     "pi05",
     "save_yaml",
