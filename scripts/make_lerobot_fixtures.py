@@ -77,9 +77,15 @@ close the gripper
 """
 
 
-def build_tokenizer(folder: Path, existing: Path | None = None) -> Path:
+def build_tokenizer(
+    folder: Path,
+    existing: Path | None = None,
+    text: str = TOKENIZER_TEXT,
+    vocab: int = VOCAB,
+    symbols: tuple[str, ...] = ("\n",),
+) -> Path:
     """Train a tiny SentencePiece BPE model with Gemma's special ids and layout (or reuse
-    ``existing``) -> its HF folder."""
+    ``existing``) -> its HF folder. ``symbols``: pieces kept whole (pi0-FAST adds "|", "Action"...)."""
     import sentencepiece as spm
 
     folder.mkdir(parents=True, exist_ok=True)
@@ -89,16 +95,16 @@ def build_tokenizer(folder: Path, existing: Path | None = None) -> Path:
         (folder / "tokenizer_config.json").write_text(json.dumps(cfg))
         return folder
     spm.SentencePieceTrainer.train(
-        sentence_iterator=iter(TOKENIZER_TEXT.splitlines() * 20),
+        sentence_iterator=iter(text.splitlines() * 20),
         model_prefix=str(folder / "tokenizer"),
-        vocab_size=VOCAB,
+        vocab_size=vocab,
         model_type="bpe",
         add_dummy_prefix=False,
         byte_fallback=True,
         split_digits=True,
         remove_extra_whitespaces=False,
         normalization_rule_name="identity",
-        user_defined_symbols=["\n"],
+        user_defined_symbols=list(symbols),
         pad_id=0,
         eos_id=1,
         bos_id=2,
@@ -335,11 +341,11 @@ def run(kind: str, out: Path, tokenizer_dir: Path, seed: int) -> dict:
 
 
 @torch.no_grad()
-def perturb(model: torch.nn.Module, seed: int) -> None:
+def perturb(model: torch.nn.Module, seed: int, scale: float = 0.05) -> None:
     """A deterministic stand-in for fine-tuning (tests/models/test_lerobot_parity.py does the same)."""
     g = torch.Generator().manual_seed(seed)
     for p in model.parameters():
-        p.add_(torch.randn(p.shape, generator=g) * 0.05)
+        p.add_(torch.randn(p.shape, generator=g) * scale)
 
 
 def run_export(kind: str, fixtures: Path, seed: int) -> None:

@@ -73,35 +73,10 @@ close the gripper
 
 
 def build_tokenizer(folder: Path) -> Path:
-    import sentencepiece as spm
-
-    folder.mkdir(parents=True, exist_ok=True)
-    spm.SentencePieceTrainer.train(
-        sentence_iterator=iter(TOKENIZER_TEXT.splitlines() * 20),
-        model_prefix=str(folder / "tokenizer"),
-        vocab_size=VOCAB,
-        model_type="bpe",
-        add_dummy_prefix=False,
-        byte_fallback=True,
-        split_digits=True,
-        remove_extra_whitespaces=False,
-        normalization_rule_name="identity",
-        user_defined_symbols=["\n", "|", "Action", ":", "\u2581"],
-        pad_id=0,
-        eos_id=1,
-        bos_id=2,
-        unk_id=3,
-        pad_piece="<pad>",
-        eos_piece="<eos>",
-        bos_piece="<bos>",
-        unk_piece="<unk>",
-        num_threads=1,
-        minloglevel=2,
+    """The base script's tiny Gemma-style SentencePiece model, with pi0-FAST's prompt pieces kept whole."""
+    return base.build_tokenizer(
+        folder, text=TOKENIZER_TEXT, vocab=VOCAB, symbols=("\n", "|", "Action", ":", "\u2581")
     )
-    (folder / "tokenizer.vocab").unlink()
-    cfg = {"tokenizer_class": "GemmaTokenizer", "add_bos_token": True, "add_eos_token": False}
-    (folder / "tokenizer_config.json").write_text(json.dumps(cfg))
-    return folder
 
 
 def smooth_chunks(n: int, seed: int) -> np.ndarray:
@@ -418,12 +393,9 @@ def main() -> None:
 PERTURB = 0.02  # small enough that the perturbed model still writes valid FAST sequences
 
 
-@torch.no_grad()
 def perturb(model: torch.nn.Module, seed: int) -> None:
     """A stand-in for fine-tuning (tests/models/test_pi0_fast_parity.py does the same)."""
-    g = torch.Generator().manual_seed(seed)
-    for p in model.parameters():
-        p.add_(torch.randn(p.shape, generator=g) * PERTURB)
+    base.perturb(model, seed, PERTURB)
 
 
 def run_export(out: Path, seed: int) -> None:
