@@ -299,6 +299,14 @@ class ExactNormalizer:
         tmp.replace(path)
 
 
+def stat_dim(normalizer: Normalizer | ExactNormalizer, key: str) -> int | None:
+    """The feature dim of ``key``: the length of its statistics, or None (identity, no statistics)."""
+    stats = normalizer.stats.get(key) if normalizer.modes.get(key, "identity") != "identity" else None
+    if not stats:
+        return None
+    return int(np.asarray(next(iter(stats.values()))).reshape(-1).shape[0])
+
+
 def load_normalizer(path: str | Path) -> Normalizer | ExactNormalizer:
     """``norm_stats.json`` -> the normalizer that wrote it (an ``ExactNormalizer`` names its style)."""
     data = read_json(path)

@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from vlastack.config import ModelConfig
-from vlastack.data.stats import NORM_STATS, ExactNormalizer, Normalizer, load_normalizer
+from vlastack.data.stats import NORM_STATS, ExactNormalizer, Normalizer, load_normalizer, stat_dim
 from vlastack.infer.chunking import ActionChunker
 from vlastack.infer.obs import InputSpec, Obs, build_batch, check_obs
 from vlastack.models.heads.rtc import guided_sample, prefix_sample, prefix_weights
@@ -37,14 +37,6 @@ STATE_KEY, ACTION_KEY = "observation.state", "action"
 
 def identity_normalizer() -> Normalizer:
     return Normalizer({}, {STATE_KEY: "identity", ACTION_KEY: "identity"})
-
-
-def _stat_dim(normalizer: Normalizer | ExactNormalizer, key: str, default: int) -> int:
-    """The env's feature dim for ``key``: the length of its statistics, or ``default`` (identity)."""
-    stats = normalizer.stats.get(key) if normalizer.modes.get(key, "identity") != "identity" else None
-    if not stats:
-        return default
-    return int(np.asarray(next(iter(stats.values()))).reshape(-1).shape[0])
 
 
 DECODING_KEYS = ("temperature", "top_p", "max_decode_steps", "invalid_decode", "constrained")
@@ -97,8 +89,9 @@ class Policy:
         self.normalizer = normalizer or identity_normalizer()
         self.tokenizer = tokenizer or load_tokenizer(self.cfg.tokenizer)
         self.bf16 = dtype == "bf16"
-        self.state_dim = _stat_dim(self.normalizer, STATE_KEY, self.cfg.state_dim)
-        self.action_dim = _stat_dim(self.normalizer, ACTION_KEY, self.cfg.action_dim)
+        # The env's dims: the length of the statistics, or the model's (identity normalization).
+        self.state_dim = stat_dim(self.normalizer, STATE_KEY) or self.cfg.state_dim
+        self.action_dim = stat_dim(self.normalizer, ACTION_KEY) or self.cfg.action_dim
         if self.state_dim > self.cfg.state_dim or self.action_dim > self.cfg.action_dim:
             raise ValueError(
                 f"norm stats dims (state {self.state_dim}, action {self.action_dim}) exceed the model's "

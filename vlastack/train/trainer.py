@@ -26,7 +26,7 @@ from vlastack.batch import Batch, to_device, validate_batch
 from vlastack.config import Config, ModelConfig, save_yaml
 from vlastack.data.check import check_training_data
 from vlastack.data.loader import MemoryDataset, ResumableBatchSampler, training_batches
-from vlastack.data.stats import NORM_STATS, ExactNormalizer, Normalizer, load_normalizer
+from vlastack.data.stats import NORM_STATS, ExactNormalizer, Normalizer, load_normalizer, stat_dim
 from vlastack.diagnostics.memory import peak_memory_mb
 from vlastack.fileio import load_safetensors
 from vlastack.models.vla import VLA, build_model
@@ -94,12 +94,8 @@ def init_normalizer(init_from: str) -> Normalizer | ExactNormalizer:
 def check_normalizer_fits(normalizer: Normalizer | ExactNormalizer, dataset, init_from: str) -> None:
     """Refuse kept statistics whose state/action dims differ from the dataset's (another robot)."""
     for key, attr in (("observation.state", "state_dim"), ("action", "action_dim")):
-        stats = normalizer.stats.get(key) if normalizer.modes.get(key, "identity") != "identity" else None
-        have = getattr(dataset, attr, None)
-        if not stats or have is None:
-            continue
-        dim = int(np.asarray(next(iter(stats.values()))).reshape(-1).shape[0])
-        if dim != have:
+        dim, have = stat_dim(normalizer, key), getattr(dataset, attr, None)
+        if dim is not None and have is not None and dim != have:
             raise ValueError(
                 f"data.norm_stats=init_from: {init_from}'s {key} statistics have {dim} dims but the "
                 f"dataset's {key} has {have}; the checkpoint was trained for another robot: use "
