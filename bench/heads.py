@@ -291,19 +291,23 @@ def cmd_eval(args: argparse.Namespace) -> None:
 
     from vlastack.data.samples import make_dataset
     from vlastack.sim.evaluate import evaluate
+    from vlastack.sim.policies import Checkpoint
 
     run = Path(args.run)
     cfg, model = _load(run, args.checkpoint)
     entry: dict = {"checkpoint": args.checkpoint}
+    decoding = tuple(tuple(kv.split("=", 1)) for kv in args.decode)
+    spec = str(_policy_dir(run, args.checkpoint))
     if args.episodes:
         e = evaluate(
-            str(_policy_dir(run, args.checkpoint)), suite="builtin", episodes=args.episodes, seed=1_000_000, num_workers=2,
+            Checkpoint(spec, decoding) if decoding else spec, suite="builtin", episodes=args.episodes, seed=1_000_000, num_workers=2,
             steps_per_chunk=1, image_size=cfg.eval.image_size, cameras=cfg.model.camera_names, videos=0,
             out_dir=run / "eval",
         )  # fmt: skip
         chunks = sum(ep["steps"] for ep in e["episodes"])  # one chunk per step (re-planning)
-        entry["closed_loop"] = {
+        entry[f"closed_loop{args.tag}"] = {
             "episodes": args.episodes,
+            "decoding": dict(decoding),
             "seed": 1_000_000,
             "mean_task_success": e["mean_task_success"],
             "tasks": {t: v["success_rate"] for t, v in e["tasks"].items()},
@@ -311,7 +315,7 @@ def cmd_eval(args: argparse.Namespace) -> None:
             "chunks": chunks,
             "wall_s": e["wall_s"],
         }
-        print(json.dumps(entry["closed_loop"], indent=1))
+        print(json.dumps(entry[f"closed_loop{args.tag}"], indent=1))
     if args.latency:
         torch.set_num_threads(2)
         batch = default_collate([make_dataset(cfg, args.heldout)[0]])
@@ -435,6 +439,10 @@ def main(argv: list[str] | None = None) -> None:
     t.add_argument("run")
     t.add_argument("--episodes", type=int, default=100)
     t.add_argument("--latency", action=argparse.BooleanOptionalAction, default=False)
+    t.add_argument(
+        "--decode", action="append", default=[], metavar="KEY=VALUE", help="Policy decoding option"
+    )
+    t.add_argument("--tag", default="", help="suffix of the result key (closed_loop<tag>)")
     t.add_argument("--checkpoint", default="final", help="final | step_N")
     t.add_argument("--heldout", default=HELDOUT)
     t.set_defaults(func=cmd_eval)

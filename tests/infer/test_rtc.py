@@ -112,6 +112,43 @@ def test_missing_and_long_delays_are_handled_and_logged(policy, caplog):
     assert "no inference_delay" in caplog.text and "exceeds the 4-action prefix" in caplog.text
 
 
+def test_rtc_requests_are_micro_batched_per_method(policy):
+    """A mixed batch (plain, guided, training-time, guided) gives each row what it gets alone,
+    with one sampling pass per method: the same noise rows, the same actions."""
+    model, c = policy.model, policy.cfg
+    obs = [make_obs(i) for i in range(4)]
+    reqs = [
+        obs[0],
+        {**obs[1], "action_prefix": committed(policy, obs[1], n=6), "inference_delay": 2},
+        {
+            **obs[2],
+            "action_prefix": committed(policy, obs[2], n=5),
+            "inference_delay": 3,
+            "rtc_method": "rtc_training",
+        },
+        {**obs[3], "action_prefix": committed(policy, obs[3], n=8)},  # no delay: soft guidance only
+    ]
+    checked = [policy.check(r) for r in reqs]
+    noise = torch.randn(4, H, c.action_dim, generator=torch.Generator().manual_seed(0))
+    alone = [policy._run_rtc([checked[i]], noise[i : i + 1])[0] for i in (1, 2, 3)]
+    guided = policy._run_rtc([checked[1], checked[3]], noise[[1, 3]])
+    trained = policy._run_rtc([checked[2]], noise[2:3])
+    np.testing.assert_allclose(guided[0], alone[0], rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(guided[1], alone[2], rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(trained[0], alone[1], rtol=1e-5, atol=1e-6)
+    calls = []
+    run_rtc = policy._run_rtc
+    policy._run_rtc = lambda part, noise=None: calls.append(len(part)) or run_rtc(part, noise)
+    try:
+        out = policy.infer_batch(reqs)
+    finally:
+        del policy._run_rtc
+    assert (
+        sorted(calls) == [1, 2] and len(out) == 4 and all(o["actions"].shape == (H, ACTION_DIM) for o in out)
+    )
+    assert model.training is False
+
+
 @pytest.mark.parametrize(
     ("extra", "match"),
     [

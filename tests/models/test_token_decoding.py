@@ -150,6 +150,35 @@ def test_decode_step_compiles_fullgraph_with_sampling(fast_model):
     assert torch.equal(compiled, eager)
 
 
+def test_length_constrained_fast_decodes_full_chunks():
+    """exact_length: every FAST sequence that ends expands to exactly H*A DCT coefficients, so it
+    decodes; without it, an untrained head's sampled sequences mostly end at the wrong count."""
+    m, b = make(micro(tokenizer="fast", max_action_tokens=8))  # untrained; H=4 x 2 real dims = 8
+    h = m.eval().head
+    assert h.length_constrained and h.chunk_symbols == 8
+    tok = h.tokenizer
+    lengths = tok.piece_lengths()
+    assert lengths.shape == (tok.placement.n,) and (lengths[: tok.bpe_vocab_size] >= 1).all()
+    assert (lengths[tok.bpe_vocab_size :] == 9).all() and (lengths[: tok.bpe_vocab_size] == 1).sum() >= 8
+    free = replace(m.cfg, tokens=replace(m.cfg.tokens, exact_length=False))
+    valid = {}
+    with torch.no_grad():
+        for name, cfg in (("exact", m.cfg), ("free", free)):
+            h.cfg = cfg
+            rows = []
+            for i in range(8):
+                ids, lens = h.generate(m, b, temperature=1.0, generator=_gen(i))
+                rows.append(h.decode_actions(ids, lens)[1])
+                if name == "exact":  # each finished row wrote exactly H*A symbols
+                    ended = lens < ids.shape[1]
+                    assert ended.all()
+                    written = torch.stack([h.piece_len[ids[r, : lens[r]]].sum() for r in range(2)])
+                    assert (written == 8).all()
+            valid[name] = torch.cat(rows).float().mean().item()
+    h.cfg = m.cfg
+    assert valid["exact"] == 1.0 and valid["free"] < 0.5, valid
+
+
 def test_server_metrics_count_token_chunks():
     from vlastack.infer.metrics import Metrics
 
@@ -170,3 +199,20 @@ def test_policy_decoding_options_override_the_config(fast_model, tmp_path):
         Policy.from_pretrained(tmp_path / "p", decoding={"beam": 4})
     with pytest.raises(ConfigError, match="top_p"):
         Policy.from_pretrained(tmp_path / "p", decoding={"top_p": 2})
+
+
+def test_eval_decode_options_reach_the_workers(fast_model, tmp_path, capsys):
+    """`vla eval --decode KEY=VALUE`: a picklable Checkpoint spec that builds the Policy with those
+    options in each worker; unknown keys are refused before any rollout."""
+    import pickle
+
+    from vlastack.cli import main
+    from vlastack.sim.policies import Checkpoint, build_policy, policy_name
+
+    m, _ = fast_model
+    m.save_pretrained(tmp_path / "p")
+    spec = pickle.loads(pickle.dumps(Checkpoint(str(tmp_path / "p"), (("exact_length", "false"),))))
+    p = build_policy(spec)
+    assert p.cfg.tokens.exact_length is False and policy_name(spec) == str(tmp_path / "p")
+    assert main(["eval", "--policy", str(tmp_path / "p"), "--decode", "beam=4", "--episodes", "1"]) != 0
+    assert "--decode takes KEY=VALUE" in capsys.readouterr().err

@@ -77,7 +77,8 @@ def generate_uncached(m, b) -> torch.Tensor:
     done = torch.zeros(2, dtype=torch.bool)
     for _ in range(h.num_steps):
         hidden = h._run(m, b, h.embed_ids(m, ids), causal=True)
-        tok = h.pick(h.logits(m, hidden[:, -1]), 0.0)
+        written = h.piece_len[ids].sum(-1) if h.length_constrained else None  # FAST symbols so far
+        tok = h.pick(h.logits(m, hidden[:, -1]), 0.0, written=written)
         if h.end_id is not None:
             tok = torch.where(done, torch.full_like(tok, h.end_id), tok)
             done = done | (tok == h.end_id)

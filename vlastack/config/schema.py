@@ -118,6 +118,10 @@ class TokenHeadConfig:
     invalid_decode: str = "zero"  # zero | repeat_last
     # Decode among the action ids (+ end) only; False: the whole vocabulary, as LeRobot's pi0-FAST.
     constrained: bool = True
+    # FAST, with constrained: also only ids whose BPE pieces keep the DCT coefficients written
+    # <= H*A, and the end id exactly at H*A, so every finished sequence decodes to a full chunk.
+    # False: any action id at any point (a sequence may expand to the wrong count: invalid).
+    exact_length: bool = True
     # "pi0_fast": the LeRobot/openpi pi0-FAST layout (state in the prompt text, "<bos>" closes the
     # prompt block, the model writes "Action: " + FAST ids + "|"); set by `vla import`.
     sequence: str = "vlastack"  # vlastack | pi0_fast

@@ -75,7 +75,7 @@ def register(sub, groups) -> None:
         default=[],
         metavar="KEY=VALUE",
         help="token heads: temperature, top_p, max_decode_steps, invalid_decode (zero|repeat_last), "
-        "constrained (repeatable; see docs/model.md)",
+        "constrained, exact_length (repeatable; see docs/model.md)",
     )
     p.set_defaults(func=_serve)
 

@@ -39,7 +39,7 @@ def identity_normalizer() -> Normalizer:
     return Normalizer({}, {STATE_KEY: "identity", ACTION_KEY: "identity"})
 
 
-DECODING_KEYS = ("temperature", "top_p", "max_decode_steps", "invalid_decode", "constrained")
+DECODING_KEYS = ("temperature", "top_p", "max_decode_steps", "invalid_decode", "constrained", "exact_length")
 
 
 def set_decoding(model: torch.nn.Module, options: dict[str, Any]) -> None:
@@ -294,11 +294,12 @@ class Policy:
         s["repeated"] += int(repeated.sum())
         return repeated
 
-    def _run_rtc(self, obs: Obs, noise: torch.Tensor | None = None) -> np.ndarray:
-        """One observation with an ``action_prefix`` -> unnormalized actions float32 [H, A_env]
-        that continue it (real-time chunking, models/heads/rtc.py).
+    def _run_rtc(self, obs_list: list[Obs], noise: torch.Tensor | None = None) -> np.ndarray:
+        """Observations with an ``action_prefix``, all with the same ``rtc_method`` -> unnormalized
+        actions float32 [B, H, A_env] that continue each prefix (real-time chunking,
+        models/heads/rtc.py), in one batched sampling pass.
 
-        The prefix comes in env units and the env's action order; it is normalized with the
+        A prefix comes in env units and the env's action order; it is normalized with the
         policy's own statistics and padded with weight 0 (never a zero target) on the model's
         extra dims and past its end. The delay d: guided sampling holds the first d actions hard
         and the rest of the prefix softly; the training-time method feeds the first d clean. A
@@ -308,32 +309,39 @@ class Policy:
         c, head = self.cfg, self.model.head
         if not hasattr(head, "denoise_step"):
             raise ValueError(f"real-time chunking needs a flow head; this policy's head is {c.head!r}")
-        h, a_env, n = c.action_horizon, self.action_dim, len(obs.action_prefix)
-        d = obs.inference_delay
-        if d is None:
-            self._warn_once(
-                "missing", "real-time chunking: no inference_delay given; using 0 (soft prefix only)"
-            )
-            d = 0
-        elif d > n:
-            self._warn_once("long", f"inference_delay {d} exceeds the {n}-action prefix; clipped to {n}")
-            d = n
-        target = torch.zeros(1, h, c.action_dim)
-        target[0, :n, :a_env] = torch.from_numpy(self.normalizer.normalize(ACTION_KEY, obs.action_prefix))
-        batch = self._batch([obs])
+        methods = {o.rtc_method for o in obs_list}
+        assert len(methods) == 1, methods  # infer_results groups them
+        b, h, a_env = len(obs_list), c.action_horizon, self.action_dim
+        target, weights = torch.zeros(b, h, c.action_dim), torch.zeros(b, h, c.action_dim)
+        dims = (torch.arange(c.action_dim) < a_env).float()
+        delays = torch.zeros(b, dtype=torch.long)
+        for i, obs in enumerate(obs_list):
+            n, d = len(obs.action_prefix), obs.inference_delay
+            if d is None:
+                self._warn_once(
+                    "missing", "real-time chunking: no inference_delay given; using 0 (soft prefix only)"
+                )
+                d = 0
+            elif d > n:
+                self._warn_once("long", f"inference_delay {d} exceeds the {n}-action prefix; clipped to {n}")
+                d = n
+            target[i, :n, :a_env] = torch.from_numpy(self.normalizer.normalize(ACTION_KEY, obs.action_prefix))
+            weights[i] = prefix_weights(h, d, n)[:, None] * dims[None]
+            delays[i] = d
+        batch = self._batch(obs_list)
         with self.lock:
             if noise is None:
-                noise = torch.randn((1, h, c.action_dim), generator=self._gen, device=self.device)
+                noise = torch.randn((b, h, c.action_dim), generator=self._gen, device=self.device)
             target, noise = target.to(self.device), noise.to(self.device)
-            if obs.rtc_method == "rtc_training":
+            if methods == {"rtc_training"}:
                 with torch.inference_mode(), self._autocast():
-                    out = prefix_sample(head, self.model, batch, target, torch.tensor([d]), noise)
+                    out = prefix_sample(head, self.model, batch, target, delays, noise)
             else:
-                dims = (torch.arange(c.action_dim) < a_env).float()
-                weights = (prefix_weights(h, d, n)[:, None] * dims[None])[None].to(self.device)
                 with self._autocast():
-                    out = guided_sample(head, self.model, batch, target, weights, noise, self.guidance_max)
-        actions = self.normalizer.unnormalize(ACTION_KEY, out.float()[0, :, :a_env].cpu().numpy())
+                    out = guided_sample(
+                        head, self.model, batch, target, weights.to(self.device), noise, self.guidance_max
+                    )
+        actions = self.normalizer.unnormalize(ACTION_KEY, out.float()[:, :, :a_env].cpu().numpy())
         return np.ascontiguousarray(actions, dtype=np.float32)
 
     def infer_checked(self, obs_list: list[Obs], noise: torch.Tensor | None = None) -> np.ndarray:
@@ -345,12 +353,22 @@ class Policy:
         heads, ``"valid"`` (False: the tokens did not decode to a full chunk) and ``"repeated"``
         (True: ``invalid_decode=repeat_last`` sent the last valid chunk instead; False with valid
         False: the actions are zeros, do not execute them). Observations with an
-        ``action_prefix`` (real-time chunking) run one by one."""
-        if any(o.action_prefix is not None for o in obs_list):
-            return [
-                {"actions": self._run_rtc(o)} if o.action_prefix is not None else self.infer_results([o])[0]
-                for o in obs_list
-            ]
+        ``action_prefix`` (real-time chunking) are batched per ``rtc_method``, the others together."""
+        groups: dict[str | None, list[int]] = {}
+        for i, o in enumerate(obs_list):
+            groups.setdefault(None if o.action_prefix is None else o.rtc_method, []).append(i)
+        if set(groups) != {None}:
+            out: list[dict] = [{} for _ in obs_list]
+            for method, idx in groups.items():
+                part = [obs_list[i] for i in idx]
+                res = (
+                    self.infer_results(part)
+                    if method is None
+                    else [{"actions": a} for a in self._run_rtc(part)]
+                )
+                for i, r in zip(idx, res, strict=True):
+                    out[i] = r
+            return out
         actions, valid, repeated = self._run(obs_list, None)
         if valid is None:
             return [{"actions": a} for a in actions]

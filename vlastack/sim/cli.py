@@ -43,6 +43,13 @@ def register(sub, groups) -> None:
     e.add_argument("--videos", type=int, default=None, help="mp4 rollouts to save")
     e.add_argument("--image-size", type=int, default=None)
     e.add_argument("--cameras", default="scene,wrist")
+    e.add_argument(
+        "--decode",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="token heads' decoding options, as `vla serve --decode` (docs/model.md)",
+    )
     add_config_args(e)
     e.set_defaults(func=_eval)
 
@@ -85,8 +92,22 @@ def _eval(args: argparse.Namespace) -> int:
     def pick(v, default):
         return default if v is None else v
 
+    spec = args.policy
+    if args.decode:
+        from vlastack.infer.policy import DECODING_KEYS
+        from vlastack.sim.policies import Checkpoint
+
+        pairs = [tuple(kv.split("=", 1)) for kv in args.decode]
+        bad = [
+            kv for kv, p in zip(args.decode, pairs, strict=True) if len(p) != 2 or p[0] not in DECODING_KEYS
+        ]
+        if bad:
+            raise ValueError(f"--decode takes KEY=VALUE with KEY one of {list(DECODING_KEYS)}, got {bad}")
+        if spec in ("random", "expert"):
+            raise ValueError("--decode applies to a token-head checkpoint, not a baseline policy")
+        spec = Checkpoint(spec, tuple(pairs))
     res = evaluate(
-        args.policy,
+        spec,
         suite=pick(args.suite, ec.suite),
         tasks=_split(args.tasks) if args.tasks is not None else ec.tasks,
         episodes=pick(args.episodes, ec.episodes),

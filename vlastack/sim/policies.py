@@ -8,18 +8,34 @@ Evaluation workers build their own policy from a *spec* (never a pickled model):
 
 - ``"random"`` / ``"expert"``: the baselines below;
 - a checkpoint folder: ``vlastack.infer.policy.Policy.from_pretrained(path)``;
+- ``Checkpoint(path, decoding)``: the same with token-decoding options (``vla eval --decode``);
 - any picklable zero-argument callable (a module-level function, ``functools.partial``...).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 PolicySpec = str | Callable[[], Any]
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """A checkpoint folder plus ``Policy`` decoding options (``DECODING_KEYS``: temperature,
+    invalid_decode, exact_length...) as (key, value) pairs; picklable, built in each worker."""
+
+    path: str
+    decoding: tuple[tuple[str, str], ...] = ()
+
+    def __call__(self) -> Any:
+        from vlastack.infer.policy import Policy
+
+        return Policy.from_pretrained(self.path, decoding=dict(self.decoding) or None)
 
 
 class PolicyOutputError(ValueError):
@@ -87,6 +103,8 @@ def build_policy(spec: PolicySpec | Any) -> Any:
 def policy_name(spec: PolicySpec | Any) -> str:
     if isinstance(spec, str):
         return spec
+    if isinstance(spec, Checkpoint):
+        return spec.path
     return getattr(spec, "__qualname__", None) or type(spec).__name__
 
 

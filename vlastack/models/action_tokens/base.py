@@ -154,6 +154,12 @@ class ActionTokenizer:
         """Tokens per chunk when it is constant (bins: H*A), else None (FAST)."""
         return None
 
+    def piece_lengths(self) -> np.ndarray | None:
+        """Symbols each internal id expands to, int64 [placement.n] (a full chunk is H*A symbols),
+        where a tokenizer knows them (FAST: the BPE piece lengths; unused ids get H*A + 1 so no
+        chunk can use them); None otherwise. Length-constrained decoding reads it."""
+        return None
+
     def _encode_internal(self, chunks: np.ndarray) -> list[np.ndarray]:
         raise NotImplementedError
 

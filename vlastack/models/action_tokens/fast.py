@@ -98,6 +98,13 @@ class FastTokenizer(ActionTokenizer):
             pieces.append(np.fromiter((ord(c) - offset for c in piece), dtype=np.int64, count=len(piece)))
         self._bpe, self._pieces = bpe, pieces
 
+    def piece_lengths(self) -> np.ndarray:
+        """Coefficients each internal id's BPE piece expands to, int64 [placement.n]."""
+        self._require_fitted()
+        out = np.full(self.placement.n, self.horizon * self.action_dim + 1, dtype=np.int64)
+        out[: len(self._pieces)] = [len(p) for p in self._pieces]
+        return out
+
     def _to_strings(self, chunks: np.ndarray) -> list[str]:
         """Chunks float64 [B, H, A] in [-1, 1] -> B strings of H*A symbols."""
         coeffs = np.einsum("kh,bha->bka", self._dct, chunks)

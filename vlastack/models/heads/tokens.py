@@ -136,7 +136,14 @@ class TokenHead(HeadBase):
         allowed[self.prefix_ids] = True
         inverse = torch.full((vocab,), -1, dtype=torch.long)
         inverse[torch.from_numpy(pl.ids)] = torch.arange(pl.n)
+        # Symbols each LM id writes (0 outside the action ids): length-constrained FAST decoding.
+        lengths = tok.piece_lengths()
+        piece_len = torch.zeros(vocab, dtype=torch.long)
+        if lengths is not None:
+            piece_len[torch.from_numpy(pl.ids)] = torch.from_numpy(lengths)
+        self.chunk_symbols = tok.horizon * tok.action_dim if lengths is not None else 0
         device = next(self.parameters()).device
+        self.register_buffer("piece_len", piece_len.to(device), persistent=False)
         self.register_buffer("allowed_ids", allowed.to(device), persistent=False)
         self.register_buffer("lm_to_internal", inverse.to(device), persistent=False)
         self.register_buffer("internal_to_lm", torch.from_numpy(pl.ids).to(device), persistent=False)
@@ -407,15 +414,36 @@ class TokenHead(HeadBase):
 
     # ------------------------------------------------------------------ decoding
 
+    @property
+    def length_constrained(self) -> bool:
+        """FAST decoding keeps every sequence a full chunk (``constrained`` and ``exact_length``)."""
+        tc = self.cfg.tokens
+        return tc.constrained and tc.exact_length and getattr(self, "chunk_symbols", 0) > 0
+
     def pick(
-        self, logits: Tensor, temperature: float = 0.0, top_p: float = 1.0, u: Tensor | None = None
+        self,
+        logits: Tensor,
+        temperature: float = 0.0,
+        top_p: float = 1.0,
+        u: Tensor | None = None,
+        written: Tensor | None = None,
     ) -> Tensor:
         """Logits [B, V] -> next ids [B]. Greedy at temperature 0; otherwise a sample at
         ``temperature`` from the top-p nucleus, by Gumbel-max over uniform noise ``u`` [B, V] (the
         caller draws it from its generator, outside any compiled graph; None: the global RNG).
-        ``model.tokens.constrained``: only action ids, the end id and the pi0-FAST prefix."""
+        ``model.tokens.constrained``: only action ids, the end id and the pi0-FAST prefix; with
+        ``exact_length`` and ``written`` [B] (symbols written so far), also only ids that keep the
+        count <= H*A, and the end id exactly when it is H*A. Every symbol is a one-symbol piece of
+        the BPE alphabet, so any remaining count stays reachable."""
         if self.cfg.tokens.constrained:
-            logits = logits.masked_fill(~self.allowed_ids, float("-inf"))
+            allowed = self.allowed_ids[None]
+            if written is not None and self.length_constrained:
+                room = self.chunk_symbols - written[:, None]  # [B, 1]
+                allowed = allowed & (self.piece_len[None] <= room)
+                is_end = torch.zeros_like(self.allowed_ids)
+                is_end[self.end_id] = True
+                allowed = torch.where(is_end[None], room == 0, allowed)
+            logits = logits.masked_fill(~allowed, float("-inf"))
         if temperature <= 0:
             return logits.argmax(-1)
         logits = logits.float() / temperature
@@ -452,11 +480,13 @@ class TokenHead(HeadBase):
         temperature: float = 0.0,
         top_p: float = 1.0,
         u: Tensor | None = None,
-    ) -> tuple[Tensor, Tensor]:
+        written: Tensor | None = None,
+    ) -> tuple[Tensor, Tensor, Tensor | None]:
         """Feed action token ``step`` (prev [B]) at cache slot P' + step (0-d LongTensor) and pick
-        token step + 1 (``pick``; ``u`` [B, V] its sampling noise). done [B]: sequences past their
-        end token, which keep emitting it. -> (next ids [B], done [B]). Fixed shapes, no host sync:
-        compiles without graph breaks (tests/models/test_token_decoding.py)."""
+        token step + 1 (``pick``; ``u`` [B, V] its sampling noise; ``written`` [B] the symbols
+        written before it, for length-constrained FAST). done [B]: sequences past their end token,
+        which keep emitting it. -> (next ids [B], done [B], written [B] after it). Fixed shapes, no
+        host sync: compiles without graph breaks (tests/models/test_token_decoding.py)."""
         b, p = pad.shape
         x = self.embed_ids(backbone, prev[:, None])
         positions = (n_valid + step)[:, None]
@@ -464,11 +494,15 @@ class TokenHead(HeadBase):
         mask = torch.cat([pad, seen[None].expand(b, -1)], dim=1)[:, None, None, :]
         slot = (step + p).reshape(1)
         h = backbone.decoder([x, None], positions, mask, cache=cache, cache_pos=slot, attend_cache=True).vlm
-        nxt = self.pick(self.logits(backbone, h[:, 0]), temperature, top_p, u)
+        nxt = self.pick(self.logits(backbone, h[:, 0]), temperature, top_p, u, written)
         if self.end_id is None:
-            return nxt, done
+            return nxt, done, written
         nxt = torch.where(done, torch.full_like(nxt, self.end_id), nxt)
-        return nxt, done | (nxt == self.end_id)
+        return nxt, done | (nxt == self.end_id), self._count(written, nxt)
+
+    def _count(self, written: Tensor | None, ids: Tensor) -> Tensor | None:
+        """Symbols written after ``ids`` [B] (None when decoding is not length-constrained)."""
+        return None if written is None else written + self.piece_len[ids]
 
     def generate(
         self,
@@ -492,13 +526,15 @@ class TokenHead(HeadBase):
         def noise() -> Tensor | None:
             return None if temp <= 0 else torch.rand(logits.shape, generator=generator, device=logits.device)
 
-        tok = self.pick(logits, temp, top_p, noise())
+        written = torch.zeros_like(n_valid) if self.length_constrained else None
+        tok = self.pick(logits, temp, top_p, noise(), written)
+        written = self._count(written, tok)
         done = tok == self.end_id if self.end_id is not None else torch.zeros_like(tok, dtype=torch.bool)
         out = [tok]
         steps = torch.arange(self.num_steps, device=pad.device)
         for i in range(self.num_steps - 1):
-            tok, done = self.decode_step(
-                backbone, cache, tok, done, steps[i], pad, n_valid, temp, top_p, noise()
+            tok, done, written = self.decode_step(
+                backbone, cache, tok, done, steps[i], pad, n_valid, temp, top_p, noise(), written
             )
             out.append(tok)
         return torch.stack(out, dim=1), self._lengths(torch.stack(out, dim=1))
