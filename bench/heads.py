@@ -409,8 +409,39 @@ def table(res: dict) -> str:
     return "\n".join(lines)
 
 
+def summary(res: dict) -> str:
+    """Per head over its seeds: mean and min of the 100-episode success, invalid decodes."""
+    lines = [
+        "| head | seeds | mean success | min | per seed | invalid decodes |",
+        "|---|---|---|---|---|---|",
+    ]
+    flow = res.get("flow_reference", {}).get("demo_100_episodes_by_training_seed", {})
+    if flow:
+        v = list(flow.values())
+        per = ", ".join(f"{x:.0%}" for x in v)
+        lines.append(
+            f"| flow (demo recipe) | {len(v)} | **{sum(v) / len(v):.1%}** | {min(v):.0%} | {per} | - |"
+        )
+    for head in HEADS:
+        runs = [r for r in res.get("runs", {}).values() if r.get("head") == head and r.get("closed_loop")]
+        if not runs:
+            continue
+        runs.sort(key=lambda r: r["seed"])
+        v = [r["closed_loop"]["mean_task_success"] for r in runs]
+        bad = [r["closed_loop"]["invalid_decode_fraction"] for r in runs]
+        per = ", ".join(f"{x:.0%}" for x in v)
+        lines.append(
+            f"| {head} | {len(v)} | **{sum(v) / len(v):.1%}** | {min(v):.0%} | {per} | "
+            f"{sum(bad) / len(bad):.1%} |"
+        )
+    return "\n".join(lines)
+
+
 def cmd_report(args: argparse.Namespace) -> None:
-    print(table(load_results()))
+    res = load_results()
+    print(table(res))
+    print()
+    print(summary(res))
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -40,7 +40,7 @@ class FakePolicy:
 
 def run(method: str, delay: int, steps: int = 40, spc: int = 4, policy=None, **kw):
     policy = policy or FakePolicy()
-    cfg = ExecutionConfig(method=method, delay=delay)
+    cfg = ExecutionConfig(method=method, delay=delay, overlap=kw.pop("overlap", 0))
     runner = RealtimeRunner(policy, cfg, A, spc, ensemble=kw.pop("ensemble", 0.1), **kw)
     executed = []
     state = {"t": 0}
@@ -109,6 +109,15 @@ def test_first_chunk_has_no_prefix_then_rtc_requests_carry_the_leftover():
     # Requested at step 2 + 4 = 6, while the first chunk (index 0 at step 2) runs: leftover from index 4.
     assert r["t"] == 6 and r["inference_delay"] == 2 and r["rtc_method"] == "rtc_inference"
     assert r["action_prefix"].shape == (H - 4, A) and r["action_prefix"][0, 0] == 4
+
+
+def test_overlap_shortens_the_prefix_but_keeps_the_committed_actions():
+    _ex, _, pol = run("rtc_inference", 2, steps=30, overlap=3)
+    assert pol.requests[1]["action_prefix"].shape == (3, A) and pol.requests[1]["action_prefix"][0, 0] == 4
+    _ex, _, pol = run("rtc_inference", 4, steps=30, overlap=2)  # never fewer than the delay
+    assert pol.requests[1]["action_prefix"].shape == (4, A)
+    with pytest.raises(ConfigError, match="overlap"):
+        ExecutionConfig(method="rtc_inference", overlap=-1)
 
 
 def test_delay_above_half_the_horizon_falls_back_to_sync_and_logs(caplog):

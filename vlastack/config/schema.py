@@ -498,6 +498,10 @@ class ExecutionConfig:
     delay: int = 0
     horizon: int = 0
     guidance_max: float = 5.0  # rtc_inference: the guidance weight clip (beta)
+    # RTC methods: actions of the executing chunk sent as the prefix, at least d (0: all it has
+    # left). Shorter: the soft-guided region ends sooner and the new chunk follows the new
+    # observation more, at the cost of larger jumps after the committed part.
+    overlap: int = 0
     delay_warmup: int = 2  # live delay: the first latencies (compile, caches) are not counted
     delay_quantile: float = 0.9  # live delay: this quantile of the recent latencies (in steps)
 
@@ -510,6 +514,7 @@ class ExecutionConfig:
         _check(self.delay >= -1, "delay", f"must be >= 0 (steps) or -1 (measured live), got {self.delay}")
         _check(self.horizon >= 0, "horizon", f"must be >= 0 (0 = eval.steps_per_chunk), got {self.horizon}")
         _check(self.guidance_max > 0, "guidance_max", f"must be > 0, got {self.guidance_max}")
+        _check(self.overlap >= 0, "overlap", f"must be >= 0 (0 = the whole leftover), got {self.overlap}")
         _check(self.delay_warmup >= 0, "delay_warmup", f"must be >= 0, got {self.delay_warmup}")
         _check(0 < self.delay_quantile <= 1, "delay_quantile", "must be in (0, 1]")
 

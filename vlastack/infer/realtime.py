@@ -122,14 +122,17 @@ class ChunkExecutor:
     carries, which action runs. No threads and no clocks (``RealtimeRunner`` and the simulator
     drive it), so it is deterministic and testable step by step."""
 
-    def __init__(self, method: str, steps_per_chunk: int, ensemble: float = 0.0) -> None:
+    def __init__(self, method: str, steps_per_chunk: int, ensemble: float = 0.0, overlap: int = 0) -> None:
         if method not in EXECUTION_METHODS:
             raise ValueError(f"method must be one of {' | '.join(EXECUTION_METHODS)}, got {method!r}")
         if steps_per_chunk < 1:
             raise ValueError(f"steps_per_chunk must be >= 1, got {steps_per_chunk}")
         if method == "temporal_ensemble" and ensemble <= 0:
             raise ValueError("temporal_ensemble needs an ensemble weight > 0 (eval.temporal_ensemble)")
+        if overlap < 0:
+            raise ValueError(f"overlap must be >= 0 (0 = the whole leftover), got {overlap}")
         self.method, self.steps_per_chunk, self.ensemble = method, steps_per_chunk, ensemble
+        self.overlap = overlap  # RTC: prefix actions sent, at least the delay (0: all left)
         self.reset()
 
     def reset(self) -> None:
@@ -177,6 +180,8 @@ class ChunkExecutor:
         if self.method in RTC and self.chunks:
             origin, chunk = self.chunks[-1]
             rest = chunk[self.t - origin :]
+            if self.overlap:
+                rest = rest[: max(self.overlap, delay or 0)]
             prefix = rest if len(rest) else None
         self.pending = Request(self.t, prefix, delay, sync)
         self.last_request = self.t
@@ -258,7 +263,7 @@ class RealtimeRunner:
         if cfg.delay < 0 and hz is None:
             raise ValueError("a live delay (execution.delay=-1) needs the control rate hz")
         self.policy, self.cfg, self.hz, self.action_dim = policy, cfg, hz, action_dim
-        self.executor = ChunkExecutor(cfg.method, steps_per_chunk, ensemble)
+        self.executor = ChunkExecutor(cfg.method, steps_per_chunk, ensemble, cfg.overlap)
         self.estimator = DelayEstimator(hz or 1.0, cfg.delay_warmup, cfg.delay_quantile)
         self.assumed_delay = assumed_delay
         self.check = check or (lambda reply, t: np.asarray(reply["actions"], np.float32))
