@@ -60,8 +60,9 @@ HEADS: dict[str, tuple[str, list[str]]] = {
     ),
 }
 LOAD_NOTE = (
-    "measured on a 2-core CPU shared with other jobs (other sessions' training and tests): "
-    "wall times and latencies are noisy; budgets are step counts from interleaved medians"
+    "2-core CPU: seed-0 runs trained on a mostly idle machine, seed-1 runs on one thread each beside "
+    "1-2 other jobs (budgets are step counts, so success does not depend on load); latency_ms_p50 "
+    "(per run and for every recipe) measured on the idle machine; the timing table on a loaded one"
 )
 
 
