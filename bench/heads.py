@@ -291,13 +291,14 @@ def cmd_eval(args: argparse.Namespace) -> None:
     from torch.utils.data import default_collate
 
     from vlastack.data.samples import make_dataset
+    from vlastack.infer.policy import parse_decoding
     from vlastack.sim.evaluate import evaluate
     from vlastack.sim.policies import Checkpoint
 
     run = Path(args.run)
     cfg, model = _load(run, args.checkpoint)
     entry: dict = {"checkpoint": args.checkpoint}
-    decoding = tuple(tuple(kv.split("=", 1)) for kv in args.decode)
+    decoding = tuple(parse_decoding(args.decode).items())
     spec = str(_policy_dir(run, args.checkpoint))
     if args.episodes:
         e = evaluate(

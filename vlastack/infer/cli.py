@@ -14,15 +14,13 @@ def _policy_args(p: argparse.ArgumentParser) -> None:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from vlastack.infer.policy import Policy
+    from vlastack.infer.policy import Policy, parse_decoding
     from vlastack.infer.server import PolicyServer, run
 
     if args.max_batch < 1 or args.max_message_mb <= 0:
         raise ValueError("--max-batch must be >= 1 and --max-message-mb > 0")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    decoding = dict(kv.split("=", 1) for kv in args.decode if "=" in kv)
-    if len(decoding) != len(args.decode):
-        raise ValueError(f"--decode takes KEY=VALUE, got {args.decode}")
+    decoding = parse_decoding(args.decode)
     policy = Policy.from_pretrained(
         args.policy,
         device=args.device,

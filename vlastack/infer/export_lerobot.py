@@ -77,12 +77,7 @@ def export_lerobot(policy_folder: str | Path, out: str | Path) -> Path:
     save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
 
     s = cfg.vision.image_size
-    state_dim, action_dim = _dim(stats, STATE_KEY, cfg.state_dim), _dim(stats, ACTION_KEY, cfg.action_dim)
-    feats = {IMAGE_PREFIX + c: {"type": "VISUAL", "shape": [3, s, s]} for c in cfg.camera_names}
-    feats[STATE_KEY] = {"type": "STATE", "shape": [state_dim]}
-    out_feats = {ACTION_KEY: {"type": "ACTION", "shape": [action_dim]}}
-    norm_map = {"VISUAL": "IDENTITY", "STATE": _MODES[modes.get(STATE_KEY, "identity")],
-                "ACTION": _MODES[modes.get(ACTION_KEY, "identity")]}  # fmt: skip
+    feats, out_feats, norm_map = _features(cfg, stats, modes, _dim(stats, ACTION_KEY, cfg.action_dim))
     config = {
         "type": kind,
         "n_obs_steps": 1,
@@ -105,55 +100,50 @@ def export_lerobot(policy_folder: str | Path, out: str | Path) -> Path:
     }
     (out / "config.json").write_text(json.dumps(config, indent=4))
 
-    tensors = {f"{k}.{n}": torch.from_numpy(np.asarray(v, np.float32)).reshape(-1)
-               for k, d in stats.items() for n, v in d.items()}  # fmt: skip
-    all_feats = {**feats, **out_feats}
-    normalizer = {"eps": eps, "features": all_feats, "norm_map": norm_map}
-    tok = {"max_length": cfg.max_text_len, "task_key": "task", "padding_side": "right",
-           "padding": "max_length", "truncation": True, "tokenizer_name": TOKENIZER}  # fmt: skip
+    tok = _text_tokenizer(cfg)
     relative = {"enabled": False, "exclude_joints": ["gripper"], "action_names": None}
-    device = {"device": "cpu", "float_dtype": None}
     if kind == "pi05":
         names = ["rename_observations_processor", "to_batch_processor", "relative_actions_processor",
                  "normalizer_processor", "pi05_prepare_state_tokenizer_processor_step",
                  "tokenizer_processor", "device_processor"]  # fmt: skip
-        configs = [{"rename_map": {}}, {}, relative, normalizer, {}, tok, device]
+        configs = [{"rename_map": {}}, {}, relative, {}, {}, tok, _DEVICE]
     else:
         names = ["rename_observations_processor", "to_batch_processor", "pi0_new_line_processor",
                  "tokenizer_processor", "device_processor", "relative_actions_processor", "normalizer_processor"]  # fmt: skip
-        configs = [{"rename_map": {}}, {}, {}, tok, device, relative, normalizer]
-    steps = []
-    for i, (name, c) in enumerate(zip(names, configs, strict=True)):
-        step = {"registry_name": name, "config": c}
-        if name == "normalizer_processor":
-            step["state_file"] = f"policy_preprocessor_step_{i}_normalizer_processor.safetensors"
-            save_file(tensors, str(out / step["state_file"]))
-        steps.append(step)
-    (out / "policy_preprocessor.json").write_text(
-        json.dumps({"name": "policy_preprocessor", "steps": steps}, indent=2)
-    )
-    post_norm = {"eps": eps, "features": out_feats, "norm_map": norm_map}
-    post = [
-        {"registry_name": "unnormalizer_processor", "config": post_norm,
-         "state_file": "policy_postprocessor_step_0_unnormalizer_processor.safetensors"},
-        {"registry_name": "absolute_actions_processor", "config": {"enabled": False}},
-        {"registry_name": "device_processor", "config": device},
-    ]  # fmt: skip
-    save_file(tensors, str(out / post[0]["state_file"]))
-    (out / "policy_postprocessor.json").write_text(
-        json.dumps({"name": "policy_postprocessor", "steps": post}, indent=2)
-    )
+        configs = [{"rename_map": {}}, {}, {}, tok, _DEVICE, relative, {}]
+    _processor_files(out, list(zip(names, configs, strict=True)), stats, eps, feats, out_feats, norm_map)
     if (folder / "tokenizer.model").exists():
         (out / "tokenizer.model").write_bytes((folder / "tokenizer.model").read_bytes())
     return out
 
 
+_DEVICE = {"device": "cpu", "float_dtype": None}
+
+
+def _text_tokenizer(cfg) -> dict:
+    """LeRobot's tokenizer_processor config for the PaliGemma prompt."""
+    return {"max_length": cfg.max_text_len, "task_key": "task", "padding_side": "right",
+            "padding": "max_length", "truncation": True, "tokenizer_name": TOKENIZER}  # fmt: skip
+
+
+def _features(cfg, stats: dict, modes: dict, action_dim: int) -> tuple[dict, dict, dict]:
+    """LeRobot's input features (cameras, state), output features (action) and norm map."""
+    s = cfg.vision.image_size
+    feats = {IMAGE_PREFIX + c: {"type": "VISUAL", "shape": [3, s, s]} for c in cfg.camera_names}
+    feats[STATE_KEY] = {"type": "STATE", "shape": [_dim(stats, STATE_KEY, cfg.state_dim)]}
+    out_feats = {ACTION_KEY: {"type": "ACTION", "shape": [action_dim]}}
+    norm_map = {"VISUAL": "IDENTITY", "STATE": _MODES[modes.get(STATE_KEY, "identity")],
+                "ACTION": _MODES[modes.get(ACTION_KEY, "identity")]}  # fmt: skip
+    return feats, out_feats, norm_map
+
+
 def _processor_files(out: Path, pre: list[tuple[str, dict]], stats: dict, eps: float, feats: dict,
                      out_feats: dict, norm_map: dict) -> None:  # fmt: skip
-    """policy_{pre,post}processor.json and their normalizer state files (LeRobot's layout)."""
+    """policy_{pre,post}processor.json and their normalizer state files (LeRobot's layout).
+    ``pre``: the preprocessor's (registry name, config) steps in order; the normalizer's config
+    is filled in here."""
     tensors = {f"{k}.{n}": torch.from_numpy(np.asarray(v, np.float32)).reshape(-1)
                for k, d in stats.items() for n, v in d.items()}  # fmt: skip
-    device = {"device": "cpu", "float_dtype": None}
     steps = []
     for i, (name, c) in enumerate(pre):
         step = {"registry_name": name, "config": c}
@@ -162,7 +152,6 @@ def _processor_files(out: Path, pre: list[tuple[str, dict]], stats: dict, eps: f
             step["state_file"] = f"policy_preprocessor_step_{i}_normalizer_processor.safetensors"
             save_file(tensors, str(out / step["state_file"]))
         steps.append(step)
-    steps.append({"registry_name": "device_processor", "config": device})
     (out / "policy_preprocessor.json").write_text(
         json.dumps({"name": "policy_preprocessor", "steps": steps}, indent=2)
     )
@@ -171,7 +160,7 @@ def _processor_files(out: Path, pre: list[tuple[str, dict]], stats: dict, eps: f
          "config": {"eps": eps, "features": out_feats, "norm_map": norm_map},
          "state_file": "policy_postprocessor_step_0_unnormalizer_processor.safetensors"},
         {"registry_name": "absolute_actions_processor", "config": {"enabled": False}},
-        {"registry_name": "device_processor", "config": device},
+        {"registry_name": "device_processor", "config": _DEVICE},
     ]  # fmt: skip
     save_file(tensors, str(out / post[0]["state_file"]))
     (out / "policy_postprocessor.json").write_text(
@@ -205,11 +194,7 @@ def _export_pi0_fast(model: VLA, folder: Path, out: Path) -> Path:
     tok.save_processor(out / "fast_tokenizer")
 
     s = cfg.vision.image_size
-    feats = {IMAGE_PREFIX + c: {"type": "VISUAL", "shape": [3, s, s]} for c in cfg.camera_names}
-    feats[STATE_KEY] = {"type": "STATE", "shape": [_dim(stats, STATE_KEY, cfg.state_dim)]}
-    out_feats = {ACTION_KEY: {"type": "ACTION", "shape": [tok.action_dim]}}
-    norm_map = {"VISUAL": "IDENTITY", "STATE": _MODES[modes.get(STATE_KEY, "identity")],
-                "ACTION": _MODES[modes.get(ACTION_KEY, "identity")]}  # fmt: skip
+    feats, out_feats, norm_map = _features(cfg, stats, modes, tok.action_dim)
     steps = cfg.tokens.max_decode_steps or head.num_steps
     config = {
         "type": "pi0_fast", "n_obs_steps": 1, "input_features": feats, "output_features": out_feats,
@@ -223,14 +208,14 @@ def _export_pi0_fast(model: VLA, folder: Path, out: Path) -> Path:
         "use_kv_cache": True, "normalization_mapping": norm_map,
     }  # fmt: skip
     (out / "config.json").write_text(json.dumps(config, indent=4))
-    text = {"max_length": cfg.max_text_len, "task_key": "task", "padding_side": "right",
-            "padding": "max_length", "truncation": True, "tokenizer_name": TOKENIZER}  # fmt: skip
+    text = _text_tokenizer(cfg)
     action = {"trust_remote_code": True, "max_action_tokens": cfg.tokens.max_action_tokens,
               "action_tokenizer_name": tok.name}  # fmt: skip
     pre = [("rename_observations_processor", {"rename_map": {}}), ("to_batch_processor", {}),
            ("relative_actions_processor", {"enabled": False, "exclude_joints": ["gripper"], "action_names": None}),
            ("normalizer_processor", {}), ("pi0_fast_prepare_state_tokenizer_processor_step", {}),
-           ("tokenizer_processor", text), ("action_tokenizer_processor", action)]  # fmt: skip
+           ("tokenizer_processor", text), ("action_tokenizer_processor", action),
+           ("device_processor", _DEVICE)]  # fmt: skip
     _processor_files(out, pre, stats, eps, feats, out_feats, norm_map)
     if (folder / "tokenizer.model").exists():
         (out / "tokenizer.model").write_bytes((folder / "tokenizer.model").read_bytes())

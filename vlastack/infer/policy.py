@@ -42,6 +42,16 @@ def identity_normalizer() -> Normalizer:
 DECODING_KEYS = ("temperature", "top_p", "max_decode_steps", "invalid_decode", "constrained", "exact_length")
 
 
+def parse_decoding(items: list[str]) -> dict[str, str]:
+    """``--decode KEY=VALUE`` arguments (`vla serve`, `vla eval`) -> {key: value}; keys are
+    checked here, values when they are applied (``set_decoding``)."""
+    pairs = [kv.split("=", 1) for kv in items]
+    bad = [kv for kv, p in zip(items, pairs, strict=True) if len(p) != 2 or p[0] not in DECODING_KEYS]
+    if bad:
+        raise ValueError(f"--decode takes KEY=VALUE with KEY one of {list(DECODING_KEYS)}, got {bad}")
+    return dict(pairs)
+
+
 def set_decoding(model: torch.nn.Module, options: dict[str, Any]) -> None:
     """Change a token head's decoding options (``model.tokens.<key>``, one of ``DECODING_KEYS``;
     values may be strings, as from ``vla serve --decode top_p=0.9``), checked like any config key."""

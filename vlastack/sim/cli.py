@@ -94,18 +94,13 @@ def _eval(args: argparse.Namespace) -> int:
 
     spec = args.policy
     if args.decode:
-        from vlastack.infer.policy import DECODING_KEYS
+        from vlastack.infer.policy import parse_decoding
         from vlastack.sim.policies import Checkpoint
 
-        pairs = [tuple(kv.split("=", 1)) for kv in args.decode]
-        bad = [
-            kv for kv, p in zip(args.decode, pairs, strict=True) if len(p) != 2 or p[0] not in DECODING_KEYS
-        ]
-        if bad:
-            raise ValueError(f"--decode takes KEY=VALUE with KEY one of {list(DECODING_KEYS)}, got {bad}")
+        decoding = tuple(parse_decoding(args.decode).items())
         if spec in ("random", "expert"):
             raise ValueError("--decode applies to a token-head checkpoint, not a baseline policy")
-        spec = Checkpoint(spec, tuple(pairs))
+        spec = Checkpoint(spec, decoding)
     res = evaluate(
         spec,
         suite=pick(args.suite, ec.suite),

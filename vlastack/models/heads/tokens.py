@@ -144,6 +144,10 @@ class TokenHead(HeadBase):
         self.chunk_symbols = tok.horizon * tok.action_dim if lengths is not None else 0
         device = next(self.parameters()).device
         self.register_buffer("piece_len", piece_len.to(device), persistent=False)
+        is_end = torch.zeros(vocab, dtype=torch.bool)
+        if self.end_id is not None:
+            is_end[self.end_id] = True
+        self.register_buffer("is_end", is_end.to(device), persistent=False)
         self.register_buffer("allowed_ids", allowed.to(device), persistent=False)
         self.register_buffer("lm_to_internal", inverse.to(device), persistent=False)
         self.register_buffer("internal_to_lm", torch.from_numpy(pl.ids).to(device), persistent=False)
@@ -440,9 +444,7 @@ class TokenHead(HeadBase):
             if written is not None and self.length_constrained:
                 room = self.chunk_symbols - written[:, None]  # [B, 1]
                 allowed = allowed & (self.piece_len[None] <= room)
-                is_end = torch.zeros_like(self.allowed_ids)
-                is_end[self.end_id] = True
-                allowed = torch.where(is_end[None], room == 0, allowed)
+                allowed = torch.where(self.is_end[None], room == 0, allowed)
             logits = logits.masked_fill(~allowed, float("-inf"))
         if temperature <= 0:
             return logits.argmax(-1)
