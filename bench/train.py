@@ -40,7 +40,7 @@ from vlastack.config import load_config
 from vlastack.diagnostics.memory import peak_memory_mb, reset_peak_memory
 from vlastack.models import build_model
 from vlastack.train.optim import build_optimizer, part_of
-from vlastack.train.parallel import apply_activation_checkpointing
+from vlastack.train.parallel import apply_activation_checkpointing, apply_compile
 from vlastack.train.step import make_scaler, train_step
 
 PEAK_BF16_FLOPS = 989e12
@@ -120,6 +120,7 @@ def build_variant(spec: str, batch_size: int = 32) -> dict:
     """A demo-preset training step for A/B timing. ``spec``: precision plus options joined by '+':
     ``fp32``, ``bf16``, ``fp32+fused`` (AdamW's fused CPU kernel instead of foreach),
     ``fp32+compile`` (torch.compile of the whole model: forward and backward),
+    ``fp32+regional`` (``train.compile``: each block compiled, ``apply_compile``),
     ``fp32+threads1`` (one intra-op thread)."""
     from vlastack.apps.demo import demo_config
 
@@ -132,7 +133,9 @@ def build_variant(spec: str, batch_size: int = 32) -> dict:
         groups = [{k: v for k, v in g.items() if k not in ("foreach", "fused")} for g in opt.param_groups]
         opt = torch.optim.AdamW(groups, lr=cfg.train.lr, betas=cfg.train.betas, fused=True)
     if "compile" in opts:
-        model.compile()
+        model.compile(fullgraph=True, dynamic=False)
+    if "regional" in opts:
+        apply_compile(model)
     batch = dummy_batch(cfg.model, batch_size)
     threads = 1 if "threads1" in opts else None
 

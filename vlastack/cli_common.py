@@ -22,5 +22,37 @@ def add_config_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. model.expert.depth=6 train.lr=1e-4")
 
 
+def int_at_least(low: int, high: int | None = None):
+    """An argparse ``type`` for an integer in [low, high]: a value outside is refused where it is
+    parsed, with the allowed range in the message (exit 2)."""
+
+    def parse(text: str) -> int:
+        try:
+            v = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+        if v < low or (high is not None and v > high):
+            rng = f">= {low}" if high is None else f"in [{low}, {high}]"
+            raise argparse.ArgumentTypeError(f"must be {rng}, got {v}")
+        return v
+
+    parse.__name__ = "integer"
+    return parse
+
+
+def float_at_least(low: float):
+    def parse(text: str) -> float:
+        try:
+            v = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+        if not v >= low:  # also refuses nan
+            raise argparse.ArgumentTypeError(f"must be >= {low}, got {text}")
+        return v
+
+    parse.__name__ = "number"
+    return parse
+
+
 def config_from_args(args: argparse.Namespace) -> Config:
     return load_config(args.preset, args.config, args.overrides)

@@ -3,7 +3,8 @@
 ``explain(exc)`` returns ``(message, exit code)`` for an error the user can act on (a bad or
 missing file, an invalid value, a full disk, a missing OpenGL library, a diverged run, a dead
 evaluation worker), or ``None`` for anything else: an unknown exception is a bug and keeps its
-traceback. Exit code 2 = the input is wrong, 1 = the run failed, 130 = interrupted.
+traceback. Exit code 2 = the input is wrong, 1 = the run failed, 130 = interrupted, 143 = stopped
+by SIGTERM (after saving a checkpoint, ``TrainingStopped``).
 
 Nothing here imports torch or the layers: classes from other layers are recognised by name, so
 ``vla --help`` stays fast and this module stays a leaf.
@@ -75,10 +76,14 @@ def explain(exc: BaseException) -> tuple[str, int] | None:
     for e in chain:
         if _is_disk_full(e):
             name = getattr(e, "filename", None)
-            return DISK_FULL.format(where=f" (writing {name})" if name else ""), 1
+            need = getattr(e, "needed_bytes", None)
+            where = f" (writing {name}" + (f", about {need / 2**20:.1f} MiB needed)" if need else ")")
+            return DISK_FULL.format(where=where if name else ""), 1
     for e in chain:
         if _is_gl(e):
             return GL_HINT.format(gl=os.environ.get("MUJOCO_GL", "unset"), detail=_first_line(e)), 1
+    if "TrainingStopped" in _names(exc):  # a stop signal, after a checkpoint: 128 + the signal
+        return _first_line(exc), int(getattr(exc, "exit_code", 1))
     if _names(exc) & RUN_FAILURES:
         return _first_line(exc), 1
     if isinstance(exc, FileNotFoundError):

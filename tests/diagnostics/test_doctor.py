@@ -11,6 +11,7 @@ import pytest
 
 from tests.diagnostics.helpers import MICRO, SlowDataset, micro_cfg
 from vlastack.cli import main
+from vlastack.diagnostics import steptime
 from vlastack.diagnostics.doctor import DoctorOptions, run_doctor
 
 QUICK = DoctorOptions(steps=3, warmup=1, profile_steps=1)
@@ -64,6 +65,32 @@ def test_item_in_the_loop_is_found_and_located(tmp_path):
     html = (tmp_path / "report.html").read_text()
     assert html.count("<svg") == 3 and "log_activation" in html
     assert json.loads((tmp_path / "trace.json").read_text())["traceEvents"]
+
+
+def test_step_split_by_model_part(tmp_path):
+    """The split by part follows the compute: a 4-layer 64 px vision tower over a 1-layer decoder
+    is the largest part, backward included; the parts and the rest add up to the step."""
+    cfg = micro_cfg("model.vision.depth=4", "model.vision.image_size=64")
+    r = run_doctor(cfg, tmp_path, QUICK, log=lambda s: None)
+    parts = r["parts_s"]
+    for p in (*steptime.PARTS, "optimizer", "data", "python_and_other"):
+        assert p in parts and parts[p] >= 0, parts
+    model_parts = {k: parts[k] for k in steptime.PARTS}
+    assert max(model_parts, key=model_parts.get) == "vision_encoder", parts
+    assert parts["vlm_decoder"] > 0 and parts["action_expert"] > 0 and parts["joint_attention"] > 0
+    assert sum(parts.values()) == pytest.approx(r["step_time_s"], rel=0.02)
+    # forward and backward both counted: the parts cover most of the forward + backward phases
+    fwd_bwd = r["breakdown_s"]["forward"] + r["breakdown_s"]["backward"]
+    assert sum(model_parts.values()) > 0.6 * fwd_bwd, (parts, r["breakdown_s"])
+
+
+def test_part_of_module_names():
+    p = steptime.part_of_module
+    assert p("vision.layers.0.mlp.fc1") == p("projector") == "vision_encoder"
+    assert p("decoder.layers.1.expert.mlp.up_proj") == p("decoder.expert_norm") == "action_expert"
+    assert p("decoder.layers.1.vlm.self_attn.q_proj") == p("decoder.embed_tokens") == "vlm_decoder"
+    assert p("decoder.layers.1") == p("decoder.rope") == "joint_attention"
+    assert p("") == p("head.action_in_proj") == p("head.grounding.norm") == "head_and_loss"
 
 
 def test_vla_doctor_cli_with_infer_and_numerics(tmp_path, capsys):

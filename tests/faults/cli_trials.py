@@ -149,8 +149,11 @@ def disk_full_trial(inp: Inputs, tmp: Path) -> Trial:
         t0 = time.perf_counter()
         rc, err = cli(["train", "--data", str(inp.dataset), "--out", str(run), *CLI_TRAIN])
     dt = time.perf_counter() - t0
-    ok = rc == 1 and one_line_error(rc, err, "no space left on device")
-    return Trial("disk_full_cli", ok, dt, {"rc": rc, "stderr": err[-400:]})
+    # the message names the checkpoint folder and what the save needed; the partial folder is gone
+    names = f"(writing {run / 'checkpoints'}, about " in err and "MiB needed)" in err
+    left = sorted(p.name for p in (run / "checkpoints").glob(".tmp-*"))
+    ok = rc == 1 and one_line_error(rc, err, "no space left on device") and names and not left
+    return Trial("disk_full_cli", ok, dt, {"rc": rc, "stderr": err[-400:], "left": left})
 
 
 def ctrl_c_trial(inp: Inputs, tmp: Path) -> Trial:

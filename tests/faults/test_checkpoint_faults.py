@@ -90,3 +90,24 @@ def test_real_full_disk_on_tmpfs(tmp_path, small_dataset, cli_reference):
     if t is None:
         pytest.skip("cannot mount a tmpfs here")
     assert t.ok, t.detail
+
+
+def test_ctrl_c_trial_passes_when_started_with_sigint_ignored(tmp_path):
+    """Issue #34: the suite started from a shell that ignores SIGINT (``nohup``, a background
+    job) still passes the Ctrl-C trial: it installs its own handler."""
+    import os
+    import signal
+    import subprocess
+
+    from tests.faults.helpers import PY, ROOT
+
+    code = (
+        "import signal, sys, pathlib; signal.signal(signal.SIGINT, signal.SIG_IGN);"
+        "from tests.faults import trials; from tests.faults.trials import run_training, outcome;"
+        f"tmp = pathlib.Path({str(tmp_path)!r}); run_training(tmp / 'ref'); ref = outcome(tmp / 'ref');"
+        "t = trials.in_process_fault_trial(tmp, ref, 'export_ema', 'sigint');"
+        "sys.exit(0 if t.ok and t.detail['raised'] == 'KeyboardInterrupt' else 1)"
+    )
+    proc = subprocess.run([PY, "-c", code], env=dict(os.environ, PYTHONPATH=str(ROOT)), capture_output=True,
+                          text=True, timeout=300, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]

@@ -76,3 +76,26 @@ def test_nan_policy_through_vla_eval(tmp_path):
 def test_missing_opengl_library_is_one_line(tmp_path):
     t = ct.missing_gl_trial(tmp_path)
     assert t.ok, t.detail
+
+
+@pytest.mark.parametrize(
+    ("flag", "value", "says"),
+    [("--seed", "-5", "must be in [0, 4294967295], got -5"), ("--episodes", "0", "must be >= 1, got 0"),
+     ("--temporal-ensemble", "nan", "must be >= 0.0"), ("--workers", "two", "expected an integer")],
+)  # fmt: skip
+def test_eval_values_are_checked_where_parsed(flag, value, says, capsys):
+    """Issue #34 item 10: a bad value is one usage error naming the flag and the allowed range."""
+    from vlastack.cli import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["eval", "--policy", "random", flag, value])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and f"argument {flag}: {says}" in err and "Traceback" not in err
+
+
+def test_eval_steps_per_chunk_above_the_chunk_is_refused(good_policy, capsys):
+    from vlastack.cli import main
+
+    rc = main(["eval", "--policy", str(good_policy), "--steps-per-chunk", "1000", "--episodes", "1"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "--steps-per-chunk 1000 is more than the policy's chunk length" in err, err

@@ -87,6 +87,10 @@ def _hit(action: str) -> None:
     if action == "kill":
         os.kill(os.getpid(), signal.SIGKILL)
     if action == "sigint":  # a real Ctrl-C: Python raises KeyboardInterrupt at the next bytecode
+        if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+            # Started from a shell that ignores SIGINT (a background job, nohup), where neither
+            # Python nor the trainer listens to it: this trial is about Ctrl-C, so it listens itself.
+            signal.signal(signal.SIGINT, signal.default_int_handler)
         os.kill(os.getpid(), signal.SIGINT)
         time.sleep(5)
     if action == "enospc":

@@ -197,3 +197,16 @@ def test_token_head_policy_is_served_with_a_validity_flag(tmp_path):
     with ServerThread(PolicyServer(policy, port=0)) as srv:
         out = WebsocketClientPolicy("127.0.0.1", srv.port).infer(make_obs())
     assert out["actions"].shape == (16, ACTION_DIM) and out["valid"] == local["valid"]
+
+
+def test_busy_port_is_one_line_naming_it(server, policy_dir, capsys):
+    """Issue #34 item 2: a second server on a port in use says which port and what to pass."""
+    from vlastack.cli import main
+
+    for flag, port in (("--port", server.port), ("--http-port", server.http_port)):
+        args = ["serve", "--policy", str(policy_dir), "--port", str(server.port if flag == "--port" else 0)]
+        args += ["--http-port", str(port if flag == "--http-port" else -1)]
+        assert main(args) == 2
+        err = capsys.readouterr().err
+        assert f"error: port {port} on" in err and "already in use" in err and f"{flag} 0" in err, err
+        assert "Traceback" not in err and "Errno" not in err

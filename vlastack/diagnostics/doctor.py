@@ -189,13 +189,21 @@ class Session:
 
     def profiled(self, steps: int, trace_path: Path | None) -> dict:
         acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.device.type == "cuda" else [])
-        with profile(activities=acts) as prof:  # no with_stack: Python tracing would skew the split
-            for _ in range(steps):
-                self.step(sync=False)
-            _sync(self.device)
+        hooks = steptime.part_hooks(self.trainer.wrapped)  # per-module ranges: the split by part
+        try:
+            with profile(activities=acts) as prof:  # no with_stack: Python tracing would skew the split
+                for _ in range(steps):
+                    self.step(sync=False)
+                _sync(self.device)
+        finally:
+            for h in hooks:
+                h.remove()
         if trace_path is not None:
             prof.export_chrome_trace(str(trace_path))
-        return steptime.analyze(prof.events(), on_gpu=self.device.type == "cuda")
+        events = prof.events()
+        out = steptime.analyze(events, on_gpu=self.device.type == "cuda")
+        out["part_us_per_step"] = steptime.part_times(events)
+        return out
 
 
 def _thin(points: list, n: int) -> list:
@@ -327,6 +335,14 @@ def _assemble(s: Session, cfg: Config, opts, mem, timing, prof, bottleneck, why)
     breakdown = {"data": step * timing["data_wait_fraction"], "h2d": step * timing["h2d_fraction"]}
     breakdown.update({k: compute * v / norm for k, v in rest.items()})
     t = cfg.train
+    # The same step split by model part: the parts' op time (forward + backward) in proportion of
+    # the profiled step, the optimizer phase as above, and the rest (Python, dispatch, clipping,
+    # the scheduler) as python_and_other.
+    scale = compute / max(prof["profiled_step_time_s"] * (1 - frac["data"] - frac["h2d"]), 1e-12)
+    by_part = {k: v / 1e6 * scale for k, v in sorted(prof["part_us_per_step"].items(), key=lambda kv: -kv[1])}
+    by_part["optimizer"] = breakdown["optimizer"]
+    by_part["data"], by_part["h2d"] = breakdown["data"], breakdown["h2d"]
+    by_part["python_and_other"] = max(0.0, step - sum(by_part.values()))
     return {
         "schema": "vlastack.doctor/1",
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
@@ -354,6 +370,7 @@ def _assemble(s: Session, cfg: Config, opts, mem, timing, prof, bottleneck, why)
         "step_times_s": timing["step_times_s"],
         "data_wait_fraction": timing["data_wait_fraction"],
         "breakdown_s": breakdown,
+        "parts_s": by_part,
         "profiled": prof,
         "kernels_per_step": prof["kernels_per_step"],
         "kernel_kind": prof["kernel_kind"],
@@ -393,6 +410,8 @@ def summary(r: dict) -> str:
         f"bottleneck: {r['bottleneck']}  ({'; '.join(r['evidence'])})",
         f"step {step * 1e3:.1f} ms, {r['samples_per_s']:.1f} samples/s: "
         + ", ".join(f"{k} {v / max(step, 1e-12):.0%}" for k, v in b.items()),
+        "by part (forward + backward): "
+        + ", ".join(f"{k} {v / max(step, 1e-12):.0%}" for k, v in r.get("parts_s", {}).items()),
         f"{r['kernels_per_step']:.0f} {r['kernel_kind']} per step, "
         f"{r['short_kernel_time_fraction']:.0%} of their time in ones < 10 us; "
         f"GPU busy: {busy_s}",

@@ -269,3 +269,94 @@ def verdict(step: dict, data_wait_fraction: float, on_gpu: bool) -> tuple[str, l
             return "launch/host-bound", why
     why.append(f"matmul/attention ops {mm:.0%} of op time")
     return ("compute-bound", why) if mm >= 0.5 else ("memory-bound", why)
+
+
+# ----------------------------------------------------------------------------- model parts
+
+MODULE_RANGE = "doctor::module::"  # record_function prefix of the per-module ranges (``part_hooks``)
+PARTS = ("vision_encoder", "vlm_decoder", "joint_attention", "action_expert", "head_and_loss")
+
+
+def part_of_module(name: str) -> str:
+    """Which part of a ``VLA`` a module name (``named_modules``) belongs to. Code that runs in a
+    module's own ``forward`` outside its children counts for that module: the joint attention
+    (SDPA, RoPE, the experts' concatenation) runs in ``decoder.layers.N`` itself, the flow
+    interpolation and the losses in the root (``head.loss`` is a method, not a module call)."""
+    n = name.removeprefix("module.").removeprefix("_orig_mod.")
+    parts = n.split(".")
+    if n.startswith(("vision", "projector")):
+        return "vision_encoder"
+    if n.startswith("decoder.layers.") and len(parts) >= 4 and parts[3] == "expert":
+        return "action_expert"
+    if n.startswith("decoder.expert_norm"):
+        return "action_expert"
+    if n.startswith("decoder.layers.") and len(parts) >= 4:
+        return "vlm_decoder"
+    if n.startswith(("decoder.layers.", "decoder.rope")) or n == "decoder":
+        return "joint_attention"
+    if n.startswith("decoder."):
+        return "vlm_decoder"
+    return "head_and_loss"
+
+
+def part_hooks(model: torch.nn.Module) -> list:
+    """Forward pre/post hooks on every submodule that open and close a ``record_function`` range
+    named after it, for ``part_times``. Returns the hook handles (``.remove()`` them to undo)."""
+    from torch.profiler import record_function
+
+    handles = []
+    for name, m in model.named_modules():
+        stack: list = []
+
+        def pre(_m, _args, name=name, stack=stack):
+            rf = record_function(MODULE_RANGE + name)
+            rf.__enter__()
+            stack.append(rf)
+
+        def post(_m, _args, _out, stack=stack):
+            if stack:
+                stack.pop().__exit__(None, None, None)
+
+        handles.append(m.register_forward_pre_hook(pre))
+        handles.append(m.register_forward_hook(post, always_call=True))
+    return handles
+
+
+def part_times(events) -> dict[str, float]:
+    """Forward + backward op time per model part (``PARTS``), microseconds per profiled step.
+
+    A forward op counts for the innermost module range (``part_hooks``) around it; a backward
+    node (``autograd::engine::evaluate_function``) for the part of the forward op that created it,
+    matched by the autograd sequence number. Gradient accumulation into ``.grad`` has no forward
+    op and counts as ``grad_accumulation``."""
+    evs = sorted(events, key=lambda e: (e.time_range.start, -e.time_range.end))
+    n_steps = sum(1 for e in evs if e.name == "doctor::step") or 1
+    seq_part: dict[int, str] = {}
+    out: dict[str, float] = defaultdict(float)
+    stack: list[tuple[float, str]] = []  # open module ranges: (end, part)
+    in_op_until = -1.0  # end of the top-level aten op being inside (its children are not counted)
+    for e in evs:
+        s, t = e.time_range.start, e.time_range.end
+        while stack and stack[-1][0] <= s:
+            stack.pop()
+        if e.name.startswith(MODULE_RANGE):
+            stack.append((t, part_of_module(e.name[len(MODULE_RANGE) :])))
+            continue
+        if e.name.startswith("autograd::engine::evaluate_function"):
+            if "AccumulateGrad" in e.name:
+                out["grad_accumulation"] += t - s
+            else:
+                out[seq_part.get(e.sequence_nr, "head_and_loss")] += t - s
+            in_op_until = max(in_op_until, t)
+            continue
+        if not e.name.startswith("aten::") or s < in_op_until or not stack:
+            continue  # nested in a counted op, or outside the model's forward (optimizer, data)
+        part = stack[-1][1]
+        out[part] += t - s
+        in_op_until = t
+        if e.sequence_nr >= 0:
+            seq_part[e.sequence_nr] = part
+        for c in e.cpu_children:  # composite ops: the node may belong to a child (linear -> addmm)
+            if c.sequence_nr >= 0:
+                seq_part[c.sequence_nr] = part
+    return {k: v / n_steps for k, v in out.items()}

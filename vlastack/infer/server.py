@@ -26,6 +26,8 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
+import errno
 import hmac
 import json
 import logging
@@ -294,18 +296,21 @@ class PolicyServer:
     async def serve(self, stop: asyncio.Event) -> None:
         """Serve until ``stop`` is set; then finish in-flight requests and return."""
         httpd = None
-        async with serve(
-            self._ws_handler,
-            self.host,
-            self.port,
-            process_request=self._process_request,
-            max_size=self.max_bytes,
-            compression=None,
-            ping_interval=None,  # a client may block in a slow control loop; do not drop it
-        ) as server:
+        with _port_in_use("--port", self.host, self.port):
+            listener = await serve(
+                self._ws_handler,
+                self.host,
+                self.port,
+                process_request=self._process_request,
+                max_size=self.max_bytes,
+                compression=None,
+                ping_interval=None,  # a client may block in a slow control loop; do not drop it
+            )
+        async with listener as server:
             self.port = server.sockets[0].getsockname()[1]
             if self.http_port >= 0:
-                httpd = _HTTPServer((self.host, self.http_port), _make_http_handler(self))
+                with _port_in_use("--http-port", self.host, self.http_port):
+                    httpd = _HTTPServer((self.host, self.http_port), _make_http_handler(self))
                 self.http_port = httpd.server_address[1]
                 threading.Thread(target=httpd.serve_forever, name="vla-http", daemon=True).start()
             log.info("serving ws://%s:%d (HTTP on %d)", self.host, self.port, self.http_port)
@@ -324,6 +329,20 @@ class PolicyServer:
                 await asyncio.get_running_loop().run_in_executor(None, httpd.close_answering_pending, 5.0)
             server.close()
         await asyncio.get_running_loop().run_in_executor(None, self.batcher.close)
+
+
+@contextlib.contextmanager
+def _port_in_use(flag: str, host: str, port: int):
+    """A busy port becomes one ``ValueError`` naming it and the flag to change, not a traceback."""
+    try:
+        yield
+    except OSError as e:
+        if e.errno != errno.EADDRINUSE:
+            raise
+        raise ValueError(
+            f"port {port} on {host} is already in use (another vla serve?): pass {flag} with a free port, "
+            f"or {flag} 0 to pick one"
+        ) from None
 
 
 def _make_http_handler(srv: PolicyServer) -> type[BaseHTTPRequestHandler]:

@@ -6,7 +6,7 @@ import argparse
 
 
 def register(sub, groups) -> None:
-    from vlastack.cli_common import add_config_args
+    from vlastack.cli_common import add_config_args, float_at_least, int_at_least
 
     g = groups["data"].add_parser("generate", help="scripted-expert demos -> LeRobot v3 dataset")
     g.add_argument("--suite", default="builtin", help="builtin | metaworld")
@@ -34,14 +34,25 @@ def register(sub, groups) -> None:
     e.add_argument("--policy", required=True, help="checkpoint folder | random | expert")
     e.add_argument("--suite", default=None, help="builtin | metaworld (default: eval.suite)")
     e.add_argument("--tasks", default=None, help="comma-separated subset (default: eval.tasks)")
-    e.add_argument("--episodes", type=int, default=None, help="total episodes, round-robin over tasks")
+    e.add_argument(
+        "--episodes", type=int_at_least(1), default=None, help="total episodes, round-robin over tasks"
+    )
     e.add_argument("--out", default="runs/eval", help="folder for eval.json, eval.png, videos/")
-    e.add_argument("--workers", type=int, default=None, help="worker processes (0 = in-process)")
-    e.add_argument("--steps-per-chunk", type=int, default=None)
-    e.add_argument("--temporal-ensemble", type=float, default=None, help="0 = off, else exp weight m")
-    e.add_argument("--seed", type=int, default=None, help="first episode seed (default 1000000)")
-    e.add_argument("--videos", type=int, default=None, help="mp4 rollouts to save")
-    e.add_argument("--image-size", type=int, default=None)
+    e.add_argument("--workers", type=int_at_least(0), default=None, help="worker processes (0 = in-process)")
+    e.add_argument(
+        "--steps-per-chunk",
+        type=int_at_least(1),
+        default=None,
+        help="actions run per chunk (<= the chunk length)",
+    )
+    e.add_argument(
+        "--temporal-ensemble", type=float_at_least(0.0), default=None, help="0 = off, else exp weight m"
+    )
+    e.add_argument(
+        "--seed", type=int_at_least(0, 2**32 - 1), default=None, help="first episode seed (default 1000000)"
+    )
+    e.add_argument("--videos", type=int_at_least(0), default=None, help="mp4 rollouts to save")
+    e.add_argument("--image-size", type=int_at_least(8), default=None)
     e.add_argument("--cameras", default="scene,wrist")
     e.add_argument(
         "--decode",
@@ -83,6 +94,19 @@ def _generate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _chunk_length(policy: str) -> int | None:
+    """The action horizon of a vlastack checkpoint folder (None for baselines and other formats)."""
+    from pathlib import Path
+
+    cfg_file = Path(policy) / "config.json"
+    if not cfg_file.is_file():
+        return None
+    from vlastack.fileio import read_json
+
+    model = read_json(cfg_file).get("model")
+    return int(model["action_horizon"]) if isinstance(model, dict) and "action_horizon" in model else None
+
+
 def _eval(args: argparse.Namespace) -> int:
     from vlastack.cli_common import config_from_args
     from vlastack.sim.evaluate import evaluate
@@ -93,6 +117,13 @@ def _eval(args: argparse.Namespace) -> int:
         return default if v is None else v
 
     spec = args.policy
+    steps_per_chunk = pick(args.steps_per_chunk, ec.steps_per_chunk)
+    horizon = _chunk_length(spec)
+    if horizon is not None and steps_per_chunk > horizon:
+        raise ValueError(
+            f"--steps-per-chunk {steps_per_chunk} is more than the policy's chunk length ({horizon} actions, "
+            f"{spec}/config.json): pass 1..{horizon}"
+        )
     if args.decode:
         from vlastack.infer.policy import parse_decoding
         from vlastack.sim.policies import Checkpoint
@@ -108,7 +139,7 @@ def _eval(args: argparse.Namespace) -> int:
         episodes=pick(args.episodes, ec.episodes),
         seed=pick(args.seed, ec.seed),
         num_workers=pick(args.workers, ec.num_workers),
-        steps_per_chunk=pick(args.steps_per_chunk, ec.steps_per_chunk),
+        steps_per_chunk=steps_per_chunk,
         temporal_ensemble=pick(args.temporal_ensemble, ec.temporal_ensemble),
         execution=ec.execution,
         out_dir=args.out,

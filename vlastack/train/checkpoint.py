@@ -109,6 +109,35 @@ def latest_checkpoint(run_dir: str | Path) -> Path | None:
     return steps[-1] if steps else None
 
 
+# What a training run writes into its folder (``claim_run_dir(overwrite=True)`` removes these only).
+RUN_OUTPUTS = (
+    "checkpoints", "final", ".tmp-final", "lora_base", "eval", "tb", "metrics.jsonl", "loss_curve.png",
+    "report.html", "train_summary.json", "config.yaml",
+)  # fmt: skip
+
+
+def claim_run_dir(run_dir: str | Path, overwrite: bool = False) -> None:
+    """A new run may start in ``run_dir``: refuse (``ValueError``) a folder that holds another run's
+    checkpoints or final policy, unless ``overwrite``, which deletes that run's outputs first."""
+    run_dir = Path(run_dir)
+    latest = latest_checkpoint(run_dir)
+    final = run_dir / "final"
+    if latest is None and not final.exists():
+        return
+    if not overwrite:
+        what = f"checkpoint {latest.name}" if latest is not None else "a final policy"
+        raise ValueError(
+            f"{run_dir} already holds a training run ({what}): continue it with --resume, train into "
+            "another --out, or pass --overwrite to delete it and start over"
+        )
+    for name in RUN_OUTPUTS:
+        p = run_dir / name
+        if p.is_dir():
+            shutil.rmtree(p)
+        elif p.exists():
+            p.unlink()
+
+
 def export_final(run_dir: str | Path, ckpt: Path) -> Path:
     """Copy the policy files of ``ckpt`` (no training state) to ``<run>/final`` (atomic rename)."""
     run_dir = Path(run_dir)
@@ -122,8 +151,11 @@ def export_final(run_dir: str | Path, ckpt: Path) -> Path:
     return final
 
 
-# Training settings that change what the saved state means: resuming across a change is refused.
-STATE_KEYS = ("optimizer", "lora_rank", "lora_targets", "lora_alpha")
+# Training settings that change what the saved state means, or which samples come next and how
+# they are normalized: resuming across a change is refused. Other keys (steps, logging, saving,
+# evaluation, threads, workers) may change and are listed in a log line.
+STATE_KEYS = ("optimizer", "lora_rank", "lora_targets", "lora_alpha", "batch_size", "grad_accum", "seed")
+DATA_KEYS = ("episodes", "norm", "norm_stats", "random_crop_scale", "color_jitter")
 
 
 def _diff(a: Any, b: Any, prefix: str) -> list[str]:
@@ -133,6 +165,32 @@ def _diff(a: Any, b: Any, prefix: str) -> list[str]:
             out += _diff(a.get(k), b.get(k), f"{prefix}.{k}")
         return out
     return [] if a == b else [f"{prefix} is {a!r} in the checkpoint but {b!r} now"]
+
+
+def changed_keys(old: Config, new: Config) -> list[str]:
+    """Dotted keys whose value differs between two configs (for the resume log line)."""
+    return [r.split(" is ")[0] for r in _diff(to_dict(old), to_dict(new), "")]
+
+
+def check_same_statistics(ckpt: Path, normalizer: Any) -> None:
+    """Refuse to resume when the dataset's normalizer differs from the one the checkpoint was
+    trained with (another --data, or the same folder with other episodes): the model would see
+    differently scaled states and actions from the next step on."""
+    saved = ckpt / NORM_STATS
+    if normalizer is None or not saved.exists():
+        return
+    from vlastack.data.stats import load_normalizer
+
+    old, new = load_normalizer(saved).to_dict(), normalizer.to_dict()
+    keys = sorted(
+        k for k in set(old["stats"]) | set(new["stats"]) if old["stats"].get(k) != new["stats"].get(k)
+    )
+    keys += ["modes"] if old["modes"] != new["modes"] else []
+    if keys:
+        raise ValueError(
+            f"cannot resume from {ckpt}: this dataset's normalizer statistics ({', '.join(keys)}) differ "
+            "from the checkpoint's (another --data?); resume with the dataset the run was started on"
+        )
 
 
 def check_compatible(ckpt: Path, cfg: Config) -> Config:
@@ -156,6 +214,9 @@ def check_compatible(ckpt: Path, cfg: Config) -> Config:
             )
     if (ot["ema_decay"] > 0) != (nt["ema_decay"] > 0):
         reasons.append("train.ema_decay: EMA is on in one run and off in the other")
+    od, nd = to_dict(old.data), to_dict(cfg.data)
+    for k in DATA_KEYS:
+        reasons += _diff(od[k], nd[k], f"data.{k}")
     if reasons:
         raise ValueError(f"cannot resume from {ckpt}: " + "; ".join(reasons))
     return old

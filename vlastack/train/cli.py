@@ -16,6 +16,11 @@ def register(sub, groups) -> None:
     t.add_argument("--data", default=None, help="dataset folder (default: data.path)")
     t.add_argument("--out", default=None, help="run folder (default: train.out_dir)")
     t.add_argument("--resume", action="store_true", help="continue from the run folder's latest checkpoint")
+    t.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="delete the run already in --out (its checkpoints) and start over",
+    )
     t.add_argument("--device", default=None, help="cpu | cuda | cuda:N (default: cuda when available)")
     add_config_args(t)
     t.set_defaults(func=_train)
@@ -26,7 +31,16 @@ def _train(args: argparse.Namespace) -> int:
     from vlastack.train.trainer import Trainer
 
     cfg = config_from_args(args)
-    trainer = Trainer(cfg, data_path=args.data, run_dir=args.out, resume=args.resume, device=args.device)
+    if args.resume and args.overwrite:
+        raise ValueError("--resume continues the run in --out and --overwrite deletes it: pass one of them")
+    trainer = Trainer(
+        cfg,
+        data_path=args.data,
+        run_dir=args.out,
+        resume=args.resume,
+        device=args.device,
+        overwrite=args.overwrite,
+    )
     summary = trainer.fit()
     if trainer.is_main:
         from vlastack.diagnostics.run_report import run_report

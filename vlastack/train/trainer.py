@@ -9,8 +9,10 @@ evaluation run on rank 0; collective parts (gathering FSDP2 shards) run on every
 
 from __future__ import annotations
 
+import errno
 import json
 import random
+import shutil
 import time
 import warnings
 from dataclasses import fields, replace
@@ -37,11 +39,13 @@ from vlastack.train.logs import RunLogger, plot_loss
 from vlastack.train.optim import EMA, WarmupCosine, build_optimizer, freeze_parts
 from vlastack.train.parallel import (
     apply_activation_checkpointing,
+    apply_compile,
     apply_ddp,
     apply_fsdp,
     fsdp_mp_policy,
     init_distributed,
 )
+from vlastack.train.runctl import RunLock, StopSignals, TrainingStopped
 from vlastack.train.state import load_state, rng_state, save_state, set_rng_state
 from vlastack.train.step import StepResult, make_scaler, train_step
 
@@ -148,6 +152,7 @@ class Trainer:
         device: str | torch.device | None = None,
         dataset=None,
         verbose: bool = True,
+        overwrite: bool = False,
     ) -> None:
         t = cfg.train
         dev_type = torch.device(device).type if device else ("cuda" if torch.cuda.is_available() else "cpu")
@@ -163,6 +168,12 @@ class Trainer:
         self.run_dir = Path(run_dir or t.out_dir)
         self.is_main = self.dist.is_main
         self.fsdp = t.parallel == "fsdp"
+        # One run per folder: refused before anything is built or written (rank 0 owns the folder).
+        self.lock = RunLock(self.run_dir)
+        if self.is_main:
+            self.lock.acquire()
+            if not resume:
+                ck.claim_run_dir(self.run_dir, overwrite)
 
         # ---- data (refused before any training if it does not fit the model)
         kept = init_normalizer(t.init_from) if cfg.data.norm_stats == "init_from" else None
@@ -206,8 +217,7 @@ class Trainer:
         if t.activation_checkpointing:
             apply_activation_checkpointing(model)
         if t.compile:
-            for layer in model.decoder.layers:
-                layer.compile()
+            apply_compile(model)
         self.model = model  # the unwrapped module (FSDP2 shards it in place)
         if t.parallel == "ddp":
             self.wrapped = apply_ddp(model, self.device)
@@ -304,6 +314,36 @@ class Trainer:
 
     def save(self) -> Path:
         """Write checkpoint ``step_<step>`` (all ranks must call). Returns its folder."""
+        stop = getattr(self, "stop", None)
+        if stop is not None:
+            stop.saving = True  # a Ctrl-C now stops at once instead of after this save
+        try:
+            return self._save()
+        except OSError as e:
+            if e.errno not in (errno.ENOSPC, errno.EDQUOT):
+                raise
+            # Free what the failed save wrote now, not at the next start, and say what it needed.
+            tmp = ck.tmp_dir(self.run_dir, self.step)
+            shutil.rmtree(tmp, ignore_errors=True)
+            full = OSError(e.errno, e.strerror, str(tmp.parent))
+            full.needed_bytes = self._checkpoint_bytes()
+            raise full from e
+        finally:
+            if stop is not None:
+                stop.saving = False
+
+    def _checkpoint_bytes(self) -> int:
+        """About what one checkpoint writes: the weights (twice with EMA) and the optimizer state."""
+        weights = sum(v.numel() * v.element_size() for v in self.model.state_dict().values())
+        optim = sum(
+            v.numel() * v.element_size()
+            for st in self.optimizer.state.values()
+            for v in st.values()
+            if isinstance(v, torch.Tensor)
+        )
+        return weights * (2 if self.ema is not None else 1) + optim
+
+    def _save(self) -> Path:
         tmp = ck.tmp_dir(self.run_dir, self.step)
         full = self._full_state()
         ema_full = self._full_state(ema=True) if self.ema is not None else None
@@ -340,7 +380,11 @@ class Trainer:
         path = ck.latest_checkpoint(self.run_dir)
         if path is None:
             raise ValueError(f"--resume: no checkpoint under {ck.checkpoint_root(self.run_dir)}")
-        ck.check_compatible(path, self.cfg)
+        old = ck.check_compatible(path, self.cfg)
+        ck.check_same_statistics(path, self.normalizer)
+        changed = [k.lstrip(".") for k in ck.changed_keys(old, self.cfg)]
+        if changed:
+            self.warnings.append(f"resuming {path.name} with changed settings: {', '.join(changed)}")
         state = load_state(path / "train_state", "state")
         if state["world_size"] != self.dist.world_size and self.ema is not None:
             raise ValueError(
@@ -403,13 +447,22 @@ class Trainer:
         self.wrapped.train()
         meter, losses = StepMeter(), []
         t_start = time.perf_counter()
-        with Progress(t.steps, "train", "step", initial=self.step, enabled=self.logger.enabled) as bar:
-            self.bar = bar
-            try:
-                last_ckpt = self._loop(it, end, meter, losses)
-            finally:
-                self.bar = None
-        return self._finish(last_ckpt, losses, t_start)
+        if self.is_main:
+            self.lock.acquire()  # no-op while held; fit may run again after a stop_after
+        announce = self._message if self.is_main else (lambda msg: None)
+        try:
+            with (
+                Progress(t.steps, "train", "step", initial=self.step, enabled=self.logger.enabled) as bar,
+                StopSignals(announce) as self.stop,
+            ):
+                self.bar = bar
+                try:
+                    last_ckpt = self._loop(it, end, meter, losses)
+                finally:
+                    self.bar = None
+            return self._finish(last_ckpt, losses, t_start)
+        finally:
+            self.lock.release()
 
     def _loop(self, it, end: int, meter: StepMeter, losses: list[float]) -> Path | None:
         """Steps until ``end``: batches, optimizer step, health check, metrics, checkpoints."""
@@ -428,8 +481,26 @@ class Trainer:
             self.bar.update(1, loss=f"{res.loss:.4f}", lr=f"{lr:.1e}")
             if self.step % t.log_every == 0 or self.step == t.steps:
                 self._log_metrics(meter.flush(), lr)
-            last_ckpt = self._checkpoint_if_due(end) or last_ckpt
+            saved = self._checkpoint_if_due(end)
+            last_ckpt = saved or last_ckpt
+            signum = self._stop_requested()
+            if signum:
+                if meter.acc["n"]:
+                    self._log_metrics(meter.flush(), lr)
+                ckpt = saved or self.save()
+                self.logger.close()
+                raise TrainingStopped(signum, self.step, ckpt if self.is_main else None)
         return last_ckpt
+
+    def _stop_requested(self) -> int:
+        """The stop signal any rank received (0: none). Under torchrun every rank must agree, so
+        that all save their part of the checkpoint or none does: a one-int all-reduce per step."""
+        signum = self.stop.requested or 0
+        if self.dist.enabled:
+            flag = torch.tensor([signum], device=self.device if self.device.type == "cuda" else "cpu")
+            torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
+            signum = int(flag.item())
+        return signum
 
     def _message(self, text: str) -> None:
         if self.bar is not None:
