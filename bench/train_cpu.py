@@ -104,7 +104,9 @@ def main() -> None:
         return child(precisions, options, args.reps, args.steps)
     native = native_kind()
     kinds = [k for k in (args.kinds or ",".join(dict.fromkeys([native, "avx2"]))).split(",") if k]
-    results: dict = {"kinds": {}, "rows": [], "machines": {}}
+    path = Path(__file__).parent / "results" / "train_cpu.json"
+    results: dict = json.loads(path.read_text()) if path.exists() else {}  # runs merge per kind + precision
+    results = {k: results.get(k, {}) for k in ("kinds", "machines")} | {"rows": results.get("rows", [])}
     for kind in kinds:
         if kind not in ("avx2", "avx512_bf16") or (kind == "avx512_bf16" and native != kind):
             raise SystemExit(f"cannot run kind {kind!r} on this {native} machine")
@@ -120,9 +122,10 @@ def main() -> None:
         data = json.loads(line[5:])
         for r in data["rows"]:
             r["kind"] = kind
-        results["rows"] += data["rows"]
+        results["rows"] = [r for r in results["rows"] if (r["kind"], r["precision"]) not in
+                           {(kind, p) for p in precisions}] + data["rows"]  # fmt: skip
         results["machines"][kind] = data["machine"]
-        results["kinds"][kind] = summarize(data["rows"])
+        results["kinds"].setdefault(kind, {}).update(summarize(data["rows"]))
         print_table(data["rows"], ["kind", "variant", "step_s_median", "cpu_s_per_step_median", "ratio_vs_baseline",
                                    "first_step_s"])  # fmt: skip
     results["notes"] = (
@@ -130,6 +133,7 @@ def main() -> None:
         "interleaved medians; avx2 = this machine capped with ONEDNN_MAX_CPU_ISA=AVX2 ATEN_CPU_CAPABILITY=avx2. "
         + args.note
     ).strip()
+    results.pop("environment", None)
     print("wrote", write_results("train_cpu", results))
 
 

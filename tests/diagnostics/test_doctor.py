@@ -84,6 +84,23 @@ def test_step_split_by_model_part(tmp_path):
     assert sum(model_parts.values()) > 0.6 * fwd_bwd, (parts, r["breakdown_s"])
 
 
+def test_diverging_gradients_are_reported(tmp_path):
+    """Issue #34 item 14: with train.lr=1e6 the activations stay finite while every gradient after
+    the first step is non-finite; the doctor names the step, the first module in backward order
+    and the learning rate to change."""
+    cfg = micro_cfg("train.lr=1e6")
+    r = run_doctor(cfg, tmp_path, QUICK, log=lambda s: None)
+    h = r["training_health"]
+    assert h["diverging"] and h["first_nonfinite_step"]["step"] <= 3, h
+    assert h["nonfinite_steps"] >= h["steps"] - 2
+    n = r["numerics"]  # inspected automatically once the run diverges
+    assert n["first_nonfinite_grad"] and n["modules_nonfinite_grad"] > n["modules_with_grad"] // 2
+    rec = next(x for x in r["recommendations"] if x["id"] == "diverging")
+    assert rec["applies"] and rec["overrides"] == ["train.lr=0.001"] and "train.lr=1e+06" in rec["expected"]
+    ok = run_doctor(micro_cfg(), tmp_path / "ok", QUICK, log=lambda s: None)
+    assert not ok["training_health"]["diverging"] and "numerics" not in ok
+
+
 def test_part_of_module_names():
     p = steptime.part_of_module
     assert p("vision.layers.0.mlp.fc1") == p("projector") == "vision_encoder"

@@ -56,6 +56,20 @@ def recommend(r: dict, cfg: Config, on_gpu: bool, synthetic: bool = False) -> li
     cores = os.cpu_count() or 1
     out = []
 
+    # ---- numerics first: a diverging run is wrong, not slow
+    from vlastack.diagnostics.numerics import suggested_lr
+
+    h = r.get("training_health") or {}
+    first = h.get("first_nonfinite_step")
+    lr = suggested_lr(t.lr)
+    out.append(_rec(
+        "diverging", f"lower the learning rate (train.lr={lr:g})", h.get("diverging"),
+        (f"loss or gradients non-finite from step {first['step']} ({h['nonfinite_steps']} of {h['steps']} steps)"
+         if first else "no step had a non-finite loss or gradient"),
+        h.get("advice") or "training stays finite",
+        [f"train.lr={lr:g}"],
+    ))  # fmt: skip
+
     # ---- data
     nw = min(max(2, 2 * d.num_workers), max(2, cores))
     compute = step - b["data"] - b["h2d"]

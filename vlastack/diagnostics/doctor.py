@@ -96,6 +96,7 @@ class Session:
         m.register_forward_pre_hook(self._fwd_start)
         m.register_forward_hook(self._fwd_end, always_call=True)
         self.inputs: list[torch.Tensor] = []
+        self.health: list[dict] = []  # every step's loss, gradient norm and whether it was applied
 
     def _fwd_start(self, *_):
         rf = record_function("doctor::forward")
@@ -121,8 +122,10 @@ class Session:
             t2 = time.perf_counter()
             self.inputs = [v for m in micro for v in m.values() if isinstance(v, torch.Tensor)]
             tr.position += t.grad_accum
-            train_step(tr.wrapped, tr.optimizer, micro, device_type=self.device.type, precision=t.precision,
-                       scaler=tr.scaler, grad_clip=t.grad_clip)  # fmt: skip
+            res = train_step(tr.wrapped, tr.optimizer, micro, device_type=self.device.type,
+                             precision=t.precision, scaler=tr.scaler, grad_clip=t.grad_clip)  # fmt: skip
+            self.health.append({"step": tr.step + 1, "loss": res.loss, "grad_norm": res.grad_norm,
+                                "ok": res.ok or res.scaled_skip})  # fmt: skip
             with warnings.catch_warnings():
                 warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step")
                 tr.scheduler.step()
@@ -298,6 +301,12 @@ def run_doctor(
         on_gpu = s.device.type == "cuda"
         bottleneck, why = steptime.verdict(prof, timing["data_wait_fraction"], on_gpu)
         report = _assemble(s, cfg, opts, mem, timing, prof, bottleneck, why)
+        from vlastack.diagnostics.numerics import training_health
+
+        report["training_health"] = training_health(s.health, s.trainer.model, s.trainer.optimizer, cfg.train)
+        if report["training_health"]["diverging"] and not opts.numerics:
+            log("doctor: the run is diverging: inspecting gradients per module")
+            opts = replace(opts, numerics=True)
         if opts.infer:
             log("doctor: inference")
             report["inference"] = infer_check(s)
@@ -432,9 +441,26 @@ def summary(r: dict) -> str:
         lines.append(f"inference: {i['latency_s'] * 1e3:.1f} ms per call at batch {i['batch_size']}, "
                      f"{i['kernels_per_call']:.0f} ops, {i['host_syncs_per_call']:.0f} syncs")  # fmt: skip
     if "numerics" in r:
-        fn = r["numerics"]["first_nonfinite"]
-        lines.append("numerics: " + (f"first non-finite output in {fn['module']} ({fn['type']})" if fn
-                                     else "all activations finite"))  # fmt: skip
+        n = r["numerics"]
+        fn = n["first_nonfinite"]
+        text = f"first non-finite output in {fn['module']} ({fn['type']})" if fn else "all activations finite"
+        if n.get("first_nonfinite_grad"):
+            text += (f"; gradients non-finite in {n['modules_nonfinite_grad']} of {n['modules_with_grad']} "
+                     f"modules, first (in backward order) {n['first_nonfinite_grad']}")  # fmt: skip
+        lines.append("numerics: " + text)
+    h = r.get("training_health")
+    if h and h["diverging"]:
+        first = h["first_nonfinite_step"]
+        at = (
+            f"from step {first['step']} (loss {first['loss']:.3g}, grad norm {first['grad_norm']:.3g})"
+            if first
+            else ""
+        )
+        lines.append(
+            f"training: DIVERGING {at}: {h['nonfinite_steps']} of {h['steps']} steps non-finite, "
+            f"{h['nonfinite_parameter_count']} parameters and {h['nonfinite_optimizer_state_tensors']} optimizer "
+            f"state tensors non-finite. {h['advice']}"
+        )
     for rec in r["recommendations"]:
         if rec["applies"]:
             lines.append(

@@ -99,6 +99,7 @@ class NumericsInspector:
         self.order: list[str] = []
         self.first_nonfinite: dict | None = None
         self.first_output_nonfinite: str | None = None
+        self.first_nonfinite_grad: str | None = None  # in backward order (the order grads arrive)
         self._handles: list = []
 
     def _hook(self, mod: nn.Module, args, kwargs, out) -> None:
@@ -129,6 +130,8 @@ class NumericsInspector:
 
     def _grad(self, name: str, g: Tensor) -> None:
         st = tensor_stats(g)
+        if st["nonfinite"] > 0 and self.first_nonfinite_grad is None:
+            self.first_nonfinite_grad = name
         prev = self.backward.get(name)
         self.backward[name] = st if prev is None else _merge([prev, st])
 
@@ -149,8 +152,63 @@ class NumericsInspector:
             "modules": rows,
             "first_nonfinite": self.first_nonfinite,
             "first_output_nonfinite": self.first_output_nonfinite,
+            "first_nonfinite_grad": self.first_nonfinite_grad,
+            "modules_nonfinite_grad": sum(1 for v in self.backward.values() if v["nonfinite"] > 0),
+            "modules_with_grad": len(self.backward),
             "largest_activations": sorted(rows, key=lambda r: -r["forward"]["max_abs"])[:top],
         }
+
+
+# ----------------------------------------------------------------------------- training health
+
+
+def suggested_lr(lr: float) -> float:
+    """A learning rate to try after ``lr`` diverged: a tenth of it, at most 1e-3 (the from-scratch
+    recipes' rate), since a rate orders of magnitude off is not fixed by a factor of ten."""
+    return min(lr / 10, 1e-3)
+
+
+def training_health(steps: list[dict], model: nn.Module, optimizer: torch.optim.Optimizer, train_cfg) -> dict:
+    """Whether a run is diverging, from its steps' loss and gradient norm (``steps``: dicts with
+    ``step``, ``loss``, ``grad_norm``, ``ok`` in order) and the state they left: the first step
+    whose loss or gradients turned non-finite, how many parameters and optimizer-state tensors are
+    non-finite now, and what to change. Activations can stay finite while the gradients overflow
+    (a learning rate far too high blows the weights up once; every later step's gradients are
+    inf and skipped), so checking activations alone misses it."""
+
+    def finite(x: float) -> bool:
+        return x == x and abs(x) != float("inf")
+
+    bad = [s for s in steps if not (finite(s["loss"]) and finite(s["grad_norm"])) or not s["ok"]]
+    params = [n for n, p in model.named_parameters() if not bool(torch.isfinite(p.detach()).all())]
+    state = sum(
+        1
+        for st in optimizer.state.values()
+        for v in st.values()
+        if isinstance(v, Tensor) and v.is_floating_point() and not bool(torch.isfinite(v).all())
+    )
+    norms = [s["grad_norm"] for s in steps if finite(s["grad_norm"])]
+    out = {
+        "steps": len(steps),
+        "nonfinite_steps": len(bad),
+        "first_nonfinite_step": bad[0] if bad else None,
+        "grad_norm_first": norms[0] if norms else None,
+        "grad_norm_last_finite": norms[-1] if norms else None,
+        "nonfinite_parameters": params[:10],
+        "nonfinite_parameter_count": len(params),
+        "nonfinite_optimizer_state_tensors": state,
+        "diverging": bool(bad or params or state),
+        "advice": "",
+    }
+    if out["diverging"]:
+        t = train_cfg
+        out["advice"] = (
+            f"train.lr={t.lr:g} (warm-up {t.warmup_steps} steps, grad_clip {t.grad_clip:g}, {t.precision}): "
+            f"lower train.lr (try {suggested_lr(t.lr):g}), lengthen train.warmup_steps"
+            + ("" if t.grad_clip > 0 else ", turn clipping on (train.grad_clip=1.0)")
+            + (", or train in bf16/fp32 instead of fp16" if t.precision == "fp16" else "")
+        )
+    return out
 
 
 # ----------------------------------------------------------------------------- drift

@@ -34,7 +34,7 @@ import torch
 from vlastack.batch import Batch
 from vlastack.data.stats import ExactNormalizer
 from vlastack.data.transforms import resize_with_pad
-from vlastack.fileio import read_json
+from vlastack.fileio import load_safetensors, read_json
 
 STATE_KEY, ACTION_KEY = "observation.state", "action"
 PIPELINE_FILE = "lerobot_pipeline.json"
@@ -206,12 +206,11 @@ class Pipeline:
 
 def _read_stats(file: Path) -> dict[tuple[str, str], np.ndarray]:
     """``policy_*_normalizer_processor.safetensors``: ``<feature>.<stat>`` -> array."""
-    from safetensors.numpy import load_file
-
     if not file.exists():
         raise ValueError(f"missing normalizer state file {file}")
     out = {}
-    for k, v in load_file(str(file)).items():
+    for k, v in load_safetensors(file).items():
+        v = v.float().numpy() if v.dtype == torch.bfloat16 else v.numpy()
         feat, _, stat = k.rpartition(".")
         out[(feat, stat)] = v
     return out

@@ -8,14 +8,12 @@ handle closes: peak RSS near twice the weights for a 3B model.
 
 from __future__ import annotations
 
-import json
-import struct
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from vlastack.fileio import read_json
+from vlastack.fileio import read_json, safetensors_header
 
 DTYPES = {
     "F64": torch.float64,
@@ -29,7 +27,6 @@ DTYPES = {
     "U8": torch.uint8,
     "BOOL": torch.bool,
 }
-MAX_HEADER = 100 * 2**20
 
 
 @dataclass(frozen=True)
@@ -42,26 +39,18 @@ class TensorInfo:
 
 
 def read_header(file: str | Path) -> dict[str, TensorInfo]:
-    """One ``.safetensors`` file's table of contents: name -> ``TensorInfo`` (no tensor data read)."""
+    """One ``.safetensors`` file's table of contents: name -> ``TensorInfo`` (no tensor data read;
+    every entry checked against the file first: ``fileio.safetensors_header``)."""
     file = Path(file)
     if not file.is_file():
         raise ValueError(f"missing weights file {file}")
-    with open(file, "rb") as f:
-        raw = f.read(8)
-        if len(raw) != 8:
-            raise ValueError(f"{file}: not a safetensors file (shorter than 8 bytes)")
-        (n,) = struct.unpack("<Q", raw)
-        if n > MAX_HEADER:
-            raise ValueError(f"{file}: safetensors header of {n} bytes is implausible (corrupt file?)")
-        header = json.loads(f.read(n))
+    start, header = safetensors_header(file)
     out = {}
     for name, meta in header.items():
-        if name == "__metadata__":
-            continue
         if meta["dtype"] not in DTYPES:
             raise ValueError(f"{file}: tensor {name!r} has unsupported dtype {meta['dtype']}")
         a, b = meta["data_offsets"]
-        out[name] = TensorInfo(file, DTYPES[meta["dtype"]], tuple(meta["shape"]), 8 + n + a, b - a)
+        out[name] = TensorInfo(file, DTYPES[meta["dtype"]], tuple(meta["shape"]), start + a, b - a)
     return out
 
 
