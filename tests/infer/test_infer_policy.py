@@ -88,11 +88,11 @@ def test_infer_batch_matches_single(policy):
         ),
         (
             {
-                "images": {"scene": np.zeros((8, 8, 3), np.float32)},
+                "images": {"scene": np.full((8, 8, 3), 2.0, np.float32)},
                 "state": np.zeros(6, np.float32),
                 "prompt": "x",
             },
-            "uint8",
+            r"uint8 \(0..255\) or float32 in \[0, 1\], got dtype float32 with values \[2.0, 2.0\]",
         ),
         (
             {

@@ -210,3 +210,57 @@ def test_busy_port_is_one_line_naming_it(server, policy_dir, capsys):
         err = capsys.readouterr().err
         assert f"error: port {port} on" in err and "already in use" in err and f"{flag} 0" in err, err
         assert "Traceback" not in err and "Errno" not in err
+
+
+def _ws_error(srv, obs) -> str:
+    """Send one observation over the websocket; the server's error text (or '' for actions)."""
+    from websockets.sync.client import connect
+
+    with connect(f"ws://127.0.0.1:{srv.port}", additional_headers={"Authorization": f"Bearer {TOKEN}"}) as ws:
+        ws.recv()  # metadata
+        ws.send(packb(obs))
+        reply = ws.recv()
+    return reply if isinstance(reply, str) else ""
+
+
+def test_one_pixel_and_state_validator_on_every_path(server, policy_dir):
+    """Issue #34 items 3 and 4: uint8, or float in [0, 1] (the same actions as its uint8 rounding),
+    on the Python API, the websocket and HTTP; out-of-range floats, NaN and overflowing states are
+    refused naming the key on all three (HTTP used to wrap 300 to 44 and -5 to 251)."""
+    policy = Policy.from_pretrained(policy_dir, seed=0)
+    obs = make_obs(4)
+    as_float = {**obs, "images": {"scene": obs["images"]["scene"].astype(np.float32) / 255}}
+    ref = policy.infer(obs)["actions"]
+    same_noise = Policy.from_pretrained(policy_dir, seed=0)
+    np.testing.assert_array_equal(same_noise.infer(as_float)["actions"], ref)
+    body = {"images": {"scene": as_float["images"]["scene"].tolist()}, "state": obs["state"].tolist(),
+            "prompt": obs["prompt"]}  # fmt: skip
+    status, raw = _http(server, "/act", json.dumps(body).encode())
+    assert status == 200, raw
+    assert _ws_error(server, as_float) == ""
+
+    img = obs["images"]["scene"]
+    for value, says in ((300, "0..255"), (-5, "0..255"), (0.5 + 1, "[1.5, 1.5]")):
+        bad = np.full(img.shape, value, np.float32 if isinstance(value, float) else np.int64)
+        status, raw = _http(server, "/act", json.dumps({**body, "images": {"scene": bad.tolist()}}).encode())
+        assert status == 400 and says.encode() in raw, (value, raw)
+    nan = {**obs, "images": {"scene": np.full(img.shape, np.nan, np.float32)}}
+    for path_error in (lambda o: str(pytest.raises(ValueError, policy.infer, o).value), lambda o: _ws_error(server, o)):
+        msg = path_error(nan)
+        assert "image 'scene'" in msg and "NaN" in msg, msg
+
+    huge64 = {**obs, "state": np.full(obs["state"].shape, 1e300, np.float64)}
+    huge32 = {**obs, "state": np.full(obs["state"].shape, 3e38, np.float32)}
+    with pytest.raises(ValueError, match="'state' has values beyond float32's range"):
+        policy.infer(huge64)
+    from unittest import mock
+
+    # a std below 1 (here: x 10) takes a finite float32 state past float32's range when normalized
+    with mock.patch.object(policy.normalizer, "normalize", lambda key, x: x * np.float32(10)):
+        with pytest.raises(ValueError, match="'state' overflows when normalized"):
+            policy.infer(huge32)
+    assert "'state'" in _ws_error(server, huge64)
+    b64 = {"b64": base64.b64encode(huge64["state"].tobytes()).decode(), "dtype": "float64",
+           "shape": list(huge64["state"].shape)}  # fmt: skip
+    status, raw = _http(server, "/act", json.dumps({**body, "state": b64}).encode())
+    assert status == 400 and b"'state'" in raw and b"weights" not in raw, raw

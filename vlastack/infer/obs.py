@@ -81,11 +81,27 @@ class Obs:
     rtc_method: str = "rtc_inference"
 
 
+IMAGE_TYPES = "uint8 (0..255) or float32 in [0, 1]"
+
+
+def image_pixels(name: str, x: np.ndarray) -> np.ndarray:
+    """The one pixel check of every path (Python API, websocket, HTTP): uint8 passes; floats in
+    [0, 1] become uint8 (x 255, rounded); anything else (floats outside [0, 1], NaN, other
+    integer types) is an ``ObsError`` naming the key, its dtype and its range. Never wraps."""
+    if x.dtype == np.uint8:
+        return x
+    if x.dtype.kind == "f":
+        finite = bool(np.isfinite(x).all())
+        if finite and (x.size == 0 or (x.min() >= 0 and x.max() <= 1)):
+            return np.rint(x.astype(np.float32) * 255).astype(np.uint8)
+    rng = "NaN/inf" if x.dtype.kind == "f" and not bool(np.isfinite(x).all()) else (
+        f"[{x.min()}, {x.max()}]" if x.size and x.dtype.kind in "fiub" else "n/a")  # fmt: skip
+    raise ObsError(f"image {name!r} must be {IMAGE_TYPES}, got dtype {x.dtype} with values {rng}")
+
+
 def _image(name: str, x: object, spec: InputSpec) -> np.ndarray:
     if not isinstance(x, np.ndarray):
-        raise ObsError(f"image {name!r} must be a uint8 array [H, W, 3], got {type(x).__name__}")
-    if x.dtype != np.uint8:
-        raise ObsError(f"image {name!r} must be uint8 (0..255), got dtype {x.dtype}")
+        raise ObsError(f"image {name!r} must be a {IMAGE_TYPES} array [H, W, 3], got {type(x).__name__}")
     if x.ndim != 3 or 3 not in (x.shape[0], x.shape[-1]):
         raise ObsError(f"image {name!r} must be [H, W, 3] or [3, H, W], got shape {list(x.shape)}")
     if x.shape[-1] != 3:  # CHW, as openpi's ALOHA client sends
@@ -93,7 +109,7 @@ def _image(name: str, x: object, spec: InputSpec) -> np.ndarray:
     h, w = x.shape[:2]
     if not (1 <= h <= spec.max_image_side and 1 <= w <= spec.max_image_side):
         raise ObsError(f"image {name!r} is {h}x{w}; each side must be in [1, {spec.max_image_side}]")
-    return x
+    return image_pixels(name, x)
 
 
 def check_obs(obs: object, spec: InputSpec) -> Obs:
@@ -137,6 +153,10 @@ def check_obs(obs: object, spec: InputSpec) -> Obs:
         raise ObsError(f"'state' must have shape [{spec.state_dim}], got {list(state.shape)}")
     if not np.isfinite(state).all():
         raise ObsError("'state' contains NaN or inf")
+    with np.errstate(over="ignore"):
+        state32 = state.astype(np.float32)
+    if not np.isfinite(state32).all():  # e.g. 1e300 as float64: inf once float32
+        raise ObsError(f"'state' has values beyond float32's range (max |x| = {np.abs(state).max():.3g})")
     if prompt is None:
         if spec.prompt_required:
             raise ObsError("'prompt' is required (a string instruction)")
@@ -145,7 +165,7 @@ def check_obs(obs: object, spec: InputSpec) -> Obs:
         raise ObsError(f"'prompt' must be a string, got {type(prompt).__name__}")
     if len(prompt) > spec.max_prompt_chars:
         raise ObsError(f"'prompt' has {len(prompt)} characters; at most {spec.max_prompt_chars}")
-    return Obs(images, state.astype(np.float32), prompt, **_check_rtc(rtc, spec))
+    return Obs(images, state32, prompt, **_check_rtc(rtc, spec))
 
 
 RTC_KEYS = ("action_prefix", "inference_delay", "rtc_method")

@@ -26,7 +26,7 @@ import torch
 from vlastack.config import ModelConfig
 from vlastack.data.stats import NORM_STATS, ExactNormalizer, Normalizer, load_normalizer, stat_dim
 from vlastack.infer.chunking import ActionChunker
-from vlastack.infer.obs import InputSpec, Obs, build_batch, check_obs
+from vlastack.infer.obs import InputSpec, Obs, ObsError, build_batch, check_obs
 from vlastack.models.heads.rtc import guided_sample, prefix_sample, prefix_weights
 from vlastack.models.tokenizer import load_tokenizer
 
@@ -230,8 +230,17 @@ class Policy:
         }
 
     def check(self, obs: object) -> Obs:
-        """Validate one observation (raises ``ObsError`` with the reason)."""
-        return check_obs(obs, self.spec)
+        """Validate one observation (raises ``ObsError`` with the reason), including that its
+        state stays finite once normalized (3e38 with a std below 1 overflows to inf)."""
+        o = check_obs(obs, self.spec)
+        with np.errstate(over="ignore", invalid="ignore"):
+            st = np.asarray(self.normalizer.normalize("observation.state", o.state), dtype=np.float32)
+        if not np.isfinite(st).all():
+            raise ObsError(
+                f"'state' overflows when normalized with this policy's statistics (max |x| = "
+                f"{np.abs(o.state).max():.3g}): not a state this policy can act on"
+            )
+        return o
 
     # ------------------------------------------------------------------ inference
 

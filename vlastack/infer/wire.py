@@ -163,13 +163,25 @@ def _json_array(x: dict) -> np.ndarray:
     return np.frombuffer(raw, dtype=dtype).reshape(shape)
 
 
-def _list_array(x: list, dtype: np.dtype) -> np.ndarray:
+def _list_array(x: list, dtype: np.dtype | None) -> np.ndarray:
+    """A nested JSON list -> array of ``dtype``, or (``None``, images) of the numbers' own kind:
+    integers 0..255 become uint8 and floats stay floats, so the image check sees what was sent
+    (``np.asarray(x, uint8)`` would wrap 300 to 44 and truncate 0.5 to 0)."""
     try:
         arr = np.asarray(x, dtype=dtype)
     except (ValueError, TypeError, OverflowError):
-        raise WireError(f"array must be a rectangular list of numbers of {dtype}") from None
+        raise WireError(f"array must be a rectangular list of numbers of {dtype or 'one kind'}") from None
     if arr.size > MAX_ELEMENTS or arr.ndim > MAX_NDIM:
         raise WireError("array too large")
+    if dtype is None:
+        if arr.dtype.kind in "iu":
+            if arr.size and (arr.min() < 0 or arr.max() > 255):
+                raise WireError(
+                    f"image values must be 0..255 (uint8) or floats in [0, 1], got [{arr.min()}, {arr.max()}]"
+                )
+            arr = arr.astype(np.uint8)
+        elif arr.dtype.kind != "f":
+            raise WireError(f"an image must be a list of numbers, got {arr.dtype}")
     return arr
 
 
@@ -198,11 +210,11 @@ def obs_from_json(text: bytes, max_bytes: int) -> dict:
     out: dict[str, Any] = {}
     for k, v in obs.items():
         if k == "images" and isinstance(v, dict):
-            out[k] = {c: conv(img, np.dtype(np.uint8)) for c, img in v.items()}
+            out[k] = {c: conv(img, None) for c, img in v.items()}
         elif k in ("state", "observation/state"):
-            out[k] = conv(v, np.dtype(np.float32))
+            out[k] = conv(v, np.dtype(np.float64))  # float64: an overflow is then caught, not made inf
         elif k.startswith("observation/"):
-            out[k] = conv(v, np.dtype(np.uint8))
+            out[k] = conv(v, None)
         else:
             out[k] = v
     return out
