@@ -245,8 +245,9 @@ def test_one_pixel_and_state_validator_on_every_path(server, policy_dir):
         status, raw = _http(server, "/act", json.dumps({**body, "images": {"scene": bad.tolist()}}).encode())
         assert status == 400 and says.encode() in raw, (value, raw)
     nan = {**obs, "images": {"scene": np.full(img.shape, np.nan, np.float32)}}
-    for path_error in (lambda o: str(pytest.raises(ValueError, policy.infer, o).value), lambda o: _ws_error(server, o)):
-        msg = path_error(nan)
+    with pytest.raises(ValueError) as e:
+        policy.infer(nan)
+    for msg in (str(e.value), _ws_error(server, nan)):
         assert "image 'scene'" in msg and "NaN" in msg, msg
 
     huge64 = {**obs, "state": np.full(obs["state"].shape, 1e300, np.float64)}
@@ -256,9 +257,11 @@ def test_one_pixel_and_state_validator_on_every_path(server, policy_dir):
     from unittest import mock
 
     # a std below 1 (here: x 10) takes a finite float32 state past float32's range when normalized
-    with mock.patch.object(policy.normalizer, "normalize", lambda key, x: x * np.float32(10)):
-        with pytest.raises(ValueError, match="'state' overflows when normalized"):
-            policy.infer(huge32)
+    with (
+        mock.patch.object(policy.normalizer, "normalize", lambda key, x: x * np.float32(10)),
+        pytest.raises(ValueError, match="'state' overflows when normalized"),
+    ):
+        policy.infer(huge32)
     assert "'state'" in _ws_error(server, huge64)
     b64 = {"b64": base64.b64encode(huge64["state"].tobytes()).decode(), "dtype": "float64",
            "shape": list(huge64["state"].shape)}  # fmt: skip
