@@ -75,6 +75,19 @@ def test_config_that_does_not_fit_gets_the_cheapest_fix():
     assert not p["fits"] and p["largest_batch"] == 0 and p["fix"] is None
 
 
+def test_micro_batch_fix_keeps_the_effective_batch(monkeypatch):
+    """Issue #34 item 15: with 61 samples fitting and an effective batch of 128 the fix is 32 x 4,
+    not 61 x 3 = 183."""
+    from vlastack.diagnostics import plan as plan_mod
+
+    cfg = micro_cfg("train.batch_size=128")
+    monkeypatch.setattr(plan_mod, "largest_batch", lambda *a, **k: 61)
+    monkeypatch.setattr(plan_mod, "_predict", lambda c, v, b, cache: {"peak_bytes": b})
+    fix = plan_mod.cheapest_fix(cfg, 10**9, [{"fits": False}], {})
+    assert fix["overrides"] == ["train.batch_size=32", "train.grad_accum=4"] and fix["effective_batch"] == 128
+    assert "same effective batch (128 = 32 x 4)" in fix["change"]
+
+
 def test_vla_plan_cli(capsys, tmp_path):
     args = ["plan", *micro_cfg_args(), "--batch-sizes", "1,2", "--json", str(tmp_path / "p.json")]
     assert main([*args, "--memory", "1GiB"]) == 0

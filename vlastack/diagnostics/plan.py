@@ -22,7 +22,6 @@ this equals torch's CPU allocator peak (``bench/plan.py`` measures both), on CUD
 from __future__ import annotations
 
 import dataclasses
-import math
 from dataclasses import replace
 
 import torch
@@ -269,12 +268,17 @@ def cheapest_fix(cfg: Config, budget: int, rows: list[dict], cache: dict) -> dic
             "peak_bytes": single[0]["peak_bytes"],
         }
     base = Variant("as configured")
-    b = largest_batch(cfg, base, budget, cache, limit=cfg.train.batch_size)
-    if b >= 1:
-        accum = math.ceil(cfg.train.batch_size * cfg.train.grad_accum / b)
-        ov = [f"train.batch_size={b}", f"train.grad_accum={accum}"]
-        return {"change": "smaller micro-batch, same effective batch", "overrides": ov,
-                "peak_bytes": _predict(cfg, base, b, cache)["peak_bytes"]}  # fmt: skip
+    fitting = largest_batch(cfg, base, budget, cache, limit=cfg.train.batch_size)
+    if fitting >= 1:
+        # The largest micro-batch that fits *and* divides the effective batch, so that
+        # micro-batch x accumulation is exactly the configured effective batch (61 x 3 = 183
+        # would silently change it from 128; 32 x 4 keeps it).
+        effective = cfg.train.batch_size * cfg.train.grad_accum
+        b = next(d for d in range(fitting, 0, -1) if effective % d == 0)
+        ov = [f"train.batch_size={b}", f"train.grad_accum={effective // b}"]
+        return {"change": f"smaller micro-batch, same effective batch ({effective} = {b} x {effective // b})",
+                "overrides": ov, "peak_bytes": _predict(cfg, base, b, cache)["peak_bytes"],
+                "effective_batch": effective}  # fmt: skip
     combo: list[str] = []
     opt8, fsdp = False, 1
     for v in _variants(cfg):
