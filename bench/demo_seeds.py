@@ -34,7 +34,9 @@ from bench.train import machine
 from vlastack.apps.demo import DATA_NOISE, DEMO_EPISODES, VIDEO_QUALITY, demo_config
 
 DATA = Path("runs/demo_seeds/data")
-RESULTS = Path(__file__).parent / "results" / "demo_ablations.json"
+# Long runs execute from a snapshot of the tree (a git worktree) so that editing the code under
+# them cannot break a run halfway; VLA_RESULTS points them at the checkout's results file.
+RESULTS = Path(os.environ.get("VLA_RESULTS", Path(__file__).parent / "results" / "demo_ablations.json"))
 
 # name -> (precision, overrides on the demo recipe for that precision)
 VARIANTS: dict[str, tuple[str, list[str]]] = {
