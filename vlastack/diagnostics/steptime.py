@@ -354,9 +354,13 @@ def part_times(events) -> dict[str, float]:
         part = stack[-1][1]
         out[part] += t - s
         in_op_until = t
-        if e.sequence_nr >= 0:
-            seq_part[e.sequence_nr] = part
-        for c in e.cpu_children:  # composite ops: the node may belong to a child (linear -> addmm)
-            if c.sequence_nr >= 0:
-                seq_part[c.sequence_nr] = part
+        todo = [e]  # composite ops: the node may belong to a descendant (linear -> matmul -> mm)
+        while todo:
+            x = todo.pop()
+            if x.sequence_nr >= 0:
+                seq_part[x.sequence_nr] = part
+            todo.extend(x.cpu_children)
+    unmatched = out.pop("unmatched", 0.0)
+    if unmatched:  # backward nodes whose forward op was not seen (none expected)
+        out["head_and_loss"] += unmatched
     return {k: v / n_steps for k, v in out.items()}
