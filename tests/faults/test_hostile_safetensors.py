@@ -66,3 +66,34 @@ def test_truncated_file_and_garbage_name_the_file(tmp_path):
         load_safetensors(junk)
     assert safetensors_header(good)[1]["w"]["shape"] == [300]
     assert torch.equal(load_safetensors(good)["w"], torch.zeros(300))
+
+
+@pytest.mark.parametrize("broken", ["policy_preprocessor.json", "tokenizer.model", "normalizer"])
+def test_lerobot_folder_fails_before_reading_weights(tmp_path, broken):
+    """Issue #34 item 13: a wrong processor, tokenizer or normalizer file is reported before the
+    weights are read (a full-size folder spent 21-23 s reading 13.4 GB first)."""
+    import json
+    import shutil
+    from pathlib import Path
+    from unittest import mock
+
+    from vlastack.infer.external import load_parts
+
+    src = Path(__file__).resolve().parents[1] / "fixtures" / "lerobot" / "pi05"
+    folder = tmp_path / "pi05"
+    shutil.copytree(src, folder)
+    overrides = json.loads((src / "io.json").read_text())["overrides"]
+    if broken == "normalizer":
+        (folder / "policy_preprocessor_step_3_normalizer_processor.safetensors").write_bytes(b"\x10" * 40)
+    elif broken == "tokenizer.model":
+        (folder / "tokenizer.model").unlink()
+    else:
+        (folder / broken).write_text("{ not json")
+    with (
+        mock.patch(
+            "vlastack.models.convert.lerobot.load_weights", side_effect=AssertionError("weights were read")
+        ),
+        pytest.raises(ValueError) as e,
+    ):
+        load_parts(folder, overrides)
+    assert "weights were read" not in str(e.value) and str(folder) in str(e.value), e.value

@@ -21,8 +21,15 @@ from vlastack.config import Config, DataConfig, EvalConfig, NormConfig, TrainCon
 from vlastack.data.stats import NORM_STATS
 from vlastack.fileio import read_json
 from vlastack.infer.preprocess import ACTION_KEY, PIPELINE_FILE, STATE_KEY, ExactNormalizer, Pipeline
-from vlastack.models.convert.lerobot import detect_format, hf_snapshot, load_checkpoint, resolve_checkpoint
+from vlastack.models.convert.lerobot import (
+    config_from_checkpoint,
+    detect_format,
+    hf_snapshot,
+    load_checkpoint,
+    resolve_checkpoint,
+)
 from vlastack.models.convert.pi0_fast import attach_tokenizers
+from vlastack.models.convert.safetensors_io import read_folder_header
 from vlastack.models.tokenizer import SentencePieceTokenizer
 
 PALIGEMMA_TOKENIZER = "google/paligemma-3b-pt-224"
@@ -101,18 +108,20 @@ def load_parts(
         model = VLA.from_pretrained(folder, device=device, dtype=dtype)
         pipe = Pipeline.load(folder)
         return Parts(model, pipe, SentencePieceTokenizer(find_tokenizer(folder)), pipe.kind, folder)
-    model, kind, meta = load_checkpoint(folder, overrides, strict=strict, dtype=dtype)
+    # Everything small first (config, processor, normalizer, tokenizer), the weights last: a wrong
+    # processor or missing tokenizer must not cost a 13 GB read before it is reported.
+    header = read_folder_header(folder)
+    cfg, kind, meta = config_from_checkpoint(folder, overrides, header)
     if fmt == "lerobot":
-        pipe = Pipeline.from_lerobot(folder, kind, meta, model.cfg)
+        pipe = Pipeline.from_lerobot(folder, kind, meta, cfg)
     else:
-        pipe = Pipeline.from_openpi(folder, kind, model.cfg, asset_id)
+        pipe = Pipeline.from_openpi(folder, kind, cfg, asset_id)
     tok = SentencePieceTokenizer(find_tokenizer(folder))
+    if tok.vocab_size > cfg.vlm.vocab_size:
+        raise ValueError(f"tokenizer has {tok.vocab_size} pieces but the embedding {cfg.vlm.vocab_size} rows")
+    model, kind, meta = load_checkpoint(folder, overrides, strict=strict, dtype=dtype, header=header)
     if kind == "pi0_fast":
         attach_tokenizers(model, folder, meta, tok)
-    if tok.vocab_size > model.cfg.vlm.vocab_size:
-        raise ValueError(
-            f"tokenizer has {tok.vocab_size} pieces but the embedding {model.cfg.vlm.vocab_size} rows"
-        )
     return Parts(model.to(device), pipe, tok, kind, folder)
 
 

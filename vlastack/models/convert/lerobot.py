@@ -462,16 +462,18 @@ def load_checkpoint(
     overrides: list[str] | tuple[str, ...] = (),
     strict: bool = True,
     dtype: torch.dtype | None = None,
+    header: dict | None = None,
 ) -> tuple[torch.nn.Module, str, dict]:
     """A LeRobot or openpi folder -> (our VLA on the CPU, "pi0" | "pi05" | "pi0_fast", its config.json).
-    A pi0_fast model still needs its action tokenizer: ``models.convert.pi0_fast.attach_tokenizers``."""
+    A pi0_fast model still needs its action tokenizer: ``models.convert.pi0_fast.attach_tokenizers``.
+    ``header``: the folder's ``read_folder_header`` when the caller already read it."""
     from vlastack.models.vla import VLA
 
     folder = resolve_checkpoint(path)
     fmt = detect_format(folder)
     if fmt not in EXTERNAL:
         raise ValueError(f"{folder} is a {fmt} folder, not a LeRobot or openpi checkpoint")
-    header = read_folder_header(folder)
+    header = header if header is not None else read_folder_header(folder)
     cfg, kind, meta = config_from_checkpoint(folder, overrides, header)
     with torch.device("meta"):
         model = VLA(cfg)
