@@ -3,7 +3,7 @@ PY := .venv/bin/python
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
-.PHONY: setup demo smoke test test-slow lint format bench clean labs
+.PHONY: setup demo smoke test test-slow lint format clean labs
 
 setup:
 	bash scripts/setup.sh

@@ -26,10 +26,9 @@ DOCS = Path(__file__).resolve().parents[1] / "docs"
 
 def frames(video: Path, n: int = 4) -> list[np.ndarray]:
     """``n`` frames spread over a rollout video (first and last included)."""
-    import av
+    from vlastack.data.video import read_all_frames
 
-    with av.open(str(video)) as c:
-        all_frames = [f.to_ndarray(format="rgb24") for f in c.decode(video=0)]
+    all_frames = read_all_frames(video)
     idx = np.linspace(0, len(all_frames) - 1, n).round().astype(int)
     return [all_frames[i] for i in idx]
 

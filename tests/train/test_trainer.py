@@ -19,7 +19,15 @@ from vlastack.train.trainer import Trainer, TrainingDiverged
 @pytest.mark.parametrize("precision", ["bf16", "fp16"])
 def test_mixed_precision_trains_on_cpu(tmp_path, precision):
     cfg = tiny_cfg("train.steps=3", f"train.precision={precision}", "train.save_every=100")
-    out = Trainer(cfg, run_dir=tmp_path, dataset=FakeDataset(cfg)).fit()
+    tr = Trainer(cfg, run_dir=tmp_path, dataset=FakeDataset(cfg))
+    seen: set[torch.dtype] = set()  # the dtype the decoder's matmuls really ran in
+    hook = tr.model.decoder.layers[0].expert.mlp.gate_proj.register_forward_hook(
+        lambda m, a, o: seen.add(o.dtype)
+    )
+    out = tr.fit()
+    hook.remove()
+    want = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[precision]
+    assert seen == {want}, (precision, seen)
     assert all(torch.isfinite(torch.tensor(out["losses"])))
     assert (tmp_path / "final" / "model.safetensors").exists()
 

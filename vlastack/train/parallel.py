@@ -58,12 +58,6 @@ def shutdown_distributed() -> None:
         dist.destroy_process_group()
 
 
-def dist_info() -> DistInfo:
-    if dist.is_available() and dist.is_initialized():
-        return DistInfo(dist.get_rank(), dist.get_world_size(), int(os.environ.get("LOCAL_RANK", "0")))
-    return DistInfo()
-
-
 def blocks(model: nn.Module) -> list[nn.Module]:
     """The per-block units of a VLA: its decoder ``JointLayer``s and vision encoder layers."""
     out: list[nn.Module] = []
@@ -172,10 +166,3 @@ def all_reduce_mean(x: torch.Tensor) -> torch.Tensor:
         dist.all_reduce(x)
         x /= dist.get_world_size()
     return x
-
-
-def unwrap(model: nn.Module) -> nn.Module:
-    """The underlying model of a DDP / compiled wrapper."""
-    while hasattr(model, "module") or hasattr(model, "_orig_mod"):
-        model = getattr(model, "module", None) or model._orig_mod
-    return model
