@@ -98,3 +98,56 @@ def test_vla_train_under_torchrun_ddp(sim_data, tmp_path):
     recs = [json.loads(ln) for ln in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in recs if "train/loss" in r] == [2]
     Policy.from_pretrained(str(run / "final"))
+
+
+@pytest.mark.slow
+def test_sigterm_under_torchrun_saves_every_rank_then_resumes(sim_data, tmp_path):
+    """Issue #34 item 6 under `torchrun --nproc_per_node 2`: SIGTERM to torchrun reaches both
+    ranks, they agree on the step, every rank saves its part (the per-rank RNG/EMA files), and
+    `--resume` continues."""
+    import os
+    import signal
+    import socket
+    import subprocess
+    import sys
+    import time
+
+    from vlastack.train import checkpoint as ck
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    run = tmp_path / "run"
+    args = ["-m", "vlastack.cli", "train", "--data", str(sim_data), "--out", str(run), *OV, "train.parallel=ddp",
+            "train.eval_every=0", "train.num_threads=1", "train.ema_decay=0.9", "train.save_every=1000"]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node=2",
+        f"--master_port={port}",
+        *args,
+    ]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    p = subprocess.Popen(
+        [*cmd, "train.steps=500"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
+    )
+    deadline = time.time() + 240
+    while not (run / "metrics.jsonl").exists() or not (run / "metrics.jsonl").read_text().strip():
+        assert p.poll() is None and time.time() < deadline, p.communicate()
+        time.sleep(0.2)
+    p.send_signal(signal.SIGTERM)
+    out, err = p.communicate(timeout=180)
+    log = out + err
+    assert "stopped by SIGTERM at step" in log, log[-3000:]
+    latest = ck.latest_checkpoint(run)
+    assert latest is not None, log[-3000:]
+    for rank in (0, 1):
+        assert (latest / "train_state" / f"rank{rank}.json").exists(), sorted(
+            (latest / "train_state").iterdir()
+        )
+    step = int(latest.name.split("_")[1])
+    resumed = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
+                              f"--master_port={port + 1}", *args, f"train.steps={step + 2}", "--resume"],
+                             capture_output=True, text=True, timeout=300, env=env)  # fmt: skip
+    assert resumed.returncode == 0, (resumed.stdout + resumed.stderr)[-3000:]
