@@ -17,8 +17,6 @@ from __future__ import annotations
 
 import gc
 import re
-import resource
-import sys
 import time
 import weakref
 from collections.abc import Callable, Iterable
@@ -30,29 +28,11 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 from torch.utils.weak import WeakIdKeyDictionary
 
+from vlastack.train.logs import peak_memory_mb, reset_peak_memory  # noqa: F401 - lives below, re-exported
+
 CATEGORIES = ("parameters", "gradients", "optimizer_state", "activations", "inputs", "temporaries")
 _UNITS = {"": 1, "b": 1, "k": 2**10, "kb": 10**3, "kib": 2**10, "m": 2**20, "mb": 10**6, "mib": 2**20}
 _UNITS.update({"g": 2**30, "gb": 10**9, "gib": 2**30, "t": 2**40, "tb": 10**12, "tib": 2**40})
-
-
-def peak_memory_mb(device: torch.device | str = "cpu") -> float:
-    """Peak memory in MiB since the last ``reset_peak_memory``.
-
-    CUDA: the caching allocator's peak of allocated tensors. CPU: the process's peak resident set
-    size (it cannot be reset, so on CPU this is the peak since the process started).
-    """
-    device = torch.device(device)
-    if device.type == "cuda":
-        return torch.cuda.max_memory_allocated(device) / 2**20
-    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    # Linux reports KiB, macOS bytes.
-    return rss / 2**20 if sys.platform == "darwin" else rss / 2**10
-
-
-def reset_peak_memory(device: torch.device | str = "cpu") -> None:
-    device = torch.device(device)
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
 
 
 def parse_bytes(text: str | int | float) -> int:

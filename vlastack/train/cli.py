@@ -26,6 +26,13 @@ def register(sub, groups) -> None:
     t.set_defaults(func=_train)
 
 
+def sim_evaluator(policy_dir, cfg, out_dir) -> dict:
+    """In-training evaluation for ``train.eval_every``: the simulator's closed loop on ``cfg.eval``."""
+    from vlastack.sim.evaluate import evaluate
+
+    return evaluate(str(policy_dir), cfg.eval, out_dir=out_dir, cameras=cfg.model.camera_names)
+
+
 def _train(args: argparse.Namespace) -> int:
     from vlastack.cli_common import config_from_args
     from vlastack.train.trainer import Trainer
@@ -40,6 +47,7 @@ def _train(args: argparse.Namespace) -> int:
         resume=args.resume,
         device=args.device,
         overwrite=args.overwrite,
+        evaluator=sim_evaluator if cfg.train.eval_every > 0 else None,
     )
     summary = trainer.fit()
     if trainer.is_main:

@@ -15,6 +15,7 @@ import random
 import shutil
 import time
 import warnings
+from collections.abc import Callable
 from dataclasses import fields, replace
 from pathlib import Path
 
@@ -29,13 +30,12 @@ from vlastack.config import Config, ModelConfig, save_yaml
 from vlastack.data.check import check_training_data
 from vlastack.data.loader import MemoryDataset, ResumableBatchSampler, training_batches
 from vlastack.data.stats import NORM_STATS, ExactNormalizer, Normalizer, load_normalizer, stat_dim
-from vlastack.diagnostics.memory import peak_memory_mb
 from vlastack.fileio import load_safetensors
 from vlastack.models.vla import VLA, build_model
 from vlastack.nn.lora import apply_lora, lora_state_dict, remove_lora
 from vlastack.progress import Progress
 from vlastack.train import checkpoint as ck
-from vlastack.train.logs import RunLogger, plot_loss
+from vlastack.train.logs import RunLogger, peak_memory_mb, plot_loss
 from vlastack.train.optim import EMA, WarmupCosine, build_optimizer, freeze_parts
 from vlastack.train.parallel import (
     apply_activation_checkpointing,
@@ -142,6 +142,12 @@ class StepMeter:
         return m
 
 
+# Closed-loop evaluation during training, handed in from above (``vla train`` passes the
+# simulator's, ``sim.evaluate.evaluate``): (policy folder, config, output folder) -> eval.json dict
+# with ``overall.success_rate`` and ``overall.n``. The training layer does not import the simulator.
+Evaluator = Callable[[Path, Config, Path], dict]
+
+
 class Trainer:
     def __init__(
         self,
@@ -153,8 +159,15 @@ class Trainer:
         dataset=None,
         verbose: bool = True,
         overwrite: bool = False,
+        evaluator: Evaluator | None = None,
     ) -> None:
         t = cfg.train
+        if t.eval_every > 0 and evaluator is None:
+            raise ValueError(
+                f"train.eval_every={t.eval_every} needs an evaluator: Trainer(evaluator=...) (vla train "
+                "passes the simulator's closed-loop evaluation), or train.eval_every=0"
+            )
+        self.evaluator = evaluator
         dev_type = torch.device(device).type if device else ("cuda" if torch.cuda.is_available() else "cpu")
         self.dist = init_distributed(dev_type)
         self.device = torch.device(device) if device else torch.device(dev_type)
@@ -613,15 +626,9 @@ class Trainer:
         """Closed-loop evaluation of ``ckpt`` (its EMA weights when present) on rank 0."""
         res = None
         if self.is_main:
-            from vlastack.sim.evaluate import evaluate
-
+            assert self.evaluator is not None  # checked in __init__ when train.eval_every is set
             policy_dir = ckpt / "ema" if (ckpt / "ema").is_dir() else ckpt
-            res = evaluate(
-                str(policy_dir),
-                self.cfg.eval,
-                out_dir=self.run_dir / "eval" / ck.step_name(self.step),
-                cameras=self.cfg.model.camera_names,
-            )
+            res = self.evaluator(policy_dir, self.cfg, self.run_dir / "eval" / ck.step_name(self.step))
             rate = res["overall"]["success_rate"]
             self.logger.log(self.step, {"success_rate": rate}, prefix="eval")
             self.logger.message(
