@@ -91,18 +91,56 @@ def apply_activation_checkpointing(model: nn.Module) -> int:
     return n
 
 
-def apply_compile(model: nn.Module) -> int:
-    """Regional compilation: ``torch.compile`` each block (``blocks``: the decoder's joint layers
-    and the vision encoder's layers) in place, fullgraph with static shapes. Identical blocks
-    share one compiled graph (module parameters are graph inputs), so compiling costs about two
-    graphs whatever the depth, where compiling the whole model traces every layer. The fused
-    elementwise kernels (GELU-tanh x up, the norms, RoPE) are most of what compile gains on a CPU.
-    Returns the number of blocks compiled."""
+def apply_compile(model: nn.Module, regional: bool = False) -> int:
+    """``torch.compile`` a model in place (fullgraph, static shapes; parameter names unchanged).
+
+    Whole model (default): the training loss's forward and backward become one graph each, so the
+    elementwise chains between the matmuls (GELU-tanh x up, the norms, RoPE, the flow
+    interpolation and losses) are fused; on the demo's CPU step this is 1.11-1.24x
+    (``bench/results/train_cpu.json``). ``regional``: each block (``blocks``) compiled apart, for
+    FSDP2, which shards per block: identical blocks share one graph, it compiles faster and gains
+    less (1.03-1.12x). Compilation happens at the first step (~30-50 s on 2 CPU cores, less from
+    Inductor's cache); the kernels are cached per ATen CPU capability (``inductor_cache_for_isa``).
+    Random draws (the flow noise and time) go through the eager generator
+    (``fallback_random``), so a compiled run draws what an eager one draws: compile changes the
+    speed, not the computation (the same losses within fp32 reassociation).
+    Returns the number of modules compiled."""
+    import torch._inductor.config as inductor_config
+
+    inductor_cache_for_isa()
+    inductor_config.fallback_random = True
+    if not regional:
+        model.compile(fullgraph=True, dynamic=False)
+        return 1
     n = 0
     for block in blocks(model):
         block.compile(fullgraph=True, dynamic=False)
         n += 1
     return n
+
+
+def uncompile(model: nn.Module) -> None:
+    """Undo ``apply_compile`` (eager again), e.g. when no C++ compiler is available."""
+    for m in [model, *blocks(model)]:
+        m._compiled_call_impl = None
+
+
+def inductor_cache_for_isa() -> None:
+    """Point Inductor's on-disk cache at a folder per ATen CPU capability (AVX2, AVX512, ...),
+    unless ``TORCHINDUCTOR_CACHE_DIR`` is set: a kernel cached by a process whose ISA was capped
+    (``ATEN_CPU_CAPABILITY=avx2``) and reused by an uncapped one crashed with heap corruption
+    here (torch 2.13.0)."""
+    if "TORCHINDUCTOR_CACHE_DIR" in os.environ:
+        return
+    import getpass
+    import tempfile
+
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):
+        user = "user"
+    isa = torch.backends.cpu.get_cpu_capability().lower()
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(tempfile.gettempdir(), f"torchinductor_{user}", isa)
 
 
 def apply_ddp(model: nn.Module, device: torch.device) -> nn.Module:

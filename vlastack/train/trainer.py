@@ -44,6 +44,7 @@ from vlastack.train.parallel import (
     apply_fsdp,
     fsdp_mp_policy,
     init_distributed,
+    uncompile,
 )
 from vlastack.train.runctl import RunLock, StopSignals, TrainingStopped
 from vlastack.train.state import load_state, rng_state, save_state, set_rng_state
@@ -148,6 +149,15 @@ class StepMeter:
 Evaluator = Callable[[Path, Config, Path], dict]
 
 
+def _is_compile_error(e: BaseException) -> bool:
+    """An error raised by torch.compile's stack (Dynamo, AOTAutograd, Inductor, the C++ build)."""
+    mod = type(e).__module__ or ""
+    return (
+        mod.startswith(("torch._dynamo", "torch._inductor", "torch._functorch"))
+        or "CppCompileError" in type(e).__name__
+    )
+
+
 class Trainer:
     def __init__(
         self,
@@ -229,8 +239,10 @@ class Trainer:
         model.to(self.device)
         if t.activation_checkpointing:
             apply_activation_checkpointing(model)
+        self.compiled = bool(t.compile)
+        self._compile_checked = False  # the first compiled step may fall back to eager
         if t.compile:
-            apply_compile(model)
+            apply_compile(model, regional=t.parallel == "fsdp")
         self.model = model  # the unwrapped module (FSDP2 shards it in place)
         if t.parallel == "ddp":
             self.wrapped = apply_ddp(model, self.device)
@@ -538,16 +550,10 @@ class Trainer:
             kw = [
                 {"prefix_len": torch.randint(0, n, (len(mb["state"]),), device=self.device)} for mb in micro
             ]
-        res = train_step(
-            self.wrapped,
-            self.optimizer,
-            micro,
-            device_type=self.device.type,
-            precision=t.precision,
-            scaler=self.scaler,
-            grad_clip=t.grad_clip,
-            loss_kwargs=kw,
-        )
+        if self.compiled and not self._compile_checked:
+            res = self._first_compiled_step(micro, kw)
+        else:
+            res = self._train_step(micro, kw)
         if t.anomaly_guard and not res.ok and not res.scaled_skip:
             from vlastack.diagnostics.numerics import anomaly_stop
 
@@ -560,6 +566,39 @@ class Trainer:
         if res.ok and self.ema is not None:
             self.ema.update(self.model)
         return res, lr
+
+    def _train_step(self, micro: list[Batch], kw: list[dict] | None) -> StepResult:
+        t = self.cfg.train
+        return train_step(
+            self.wrapped,
+            self.optimizer,
+            micro,
+            device_type=self.device.type,
+            precision=t.precision,
+            scaler=self.scaler,
+            grad_clip=t.grad_clip,
+            loss_kwargs=kw,
+        )
+
+    def _first_compiled_step(self, micro: list[Batch], kw: list[dict] | None) -> StepResult:
+        """The first step with ``train.compile``: it compiles. Where compiling fails (no C++
+        compiler on the machine, an unsupported op), training continues eagerly with one warning
+        instead of stopping: compile changes speed, never what is computed. A failure surfaces in
+        the forward, before gradients or the optimizer change anything."""
+        self._compile_checked = True
+        try:
+            return self._train_step(micro, kw)
+        except Exception as e:
+            if not _is_compile_error(e):
+                raise
+            self.optimizer.zero_grad(set_to_none=True)
+            uncompile(self.model)
+            self.compiled = False
+            self._message(
+                f"warning: train.compile: compiling failed ({type(e).__name__}: {str(e).splitlines()[0][:160]}); "
+                "training continues without compile (same results, slower steps)"
+            )
+            return self._train_step(micro, kw)
 
     def _check_health(self, res: StepResult) -> None:
         """Count non-finite steps; raise ``TrainingDiverged`` after ``train.max_bad_steps`` in a row."""
