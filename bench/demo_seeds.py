@@ -39,23 +39,21 @@ DATA = Path("runs/demo_seeds/data")
 RESULTS = Path(os.environ.get("VLA_RESULTS", Path(__file__).parent / "results" / "demo_ablations.json"))
 
 # name -> (precision, overrides on the demo recipe for that precision)
+# Each pins its step count and compile setting, so its meaning survives recipe changes.
+EAGER2000 = ["train.steps=2000", "train.compile=false"]
 VARIANTS: dict[str, tuple[str, list[str]]] = {
-    "fp32_2000": ("fp32", []),  # today's AVX2 recipe (demo_fp32.yaml)
-    "fp32_b16": ("fp32", ["train.batch_size=16", "train.steps=4000", "train.warmup_steps=200"]),
-    "fp32_b16_lr7": (
+    "fp32_2000": ("fp32", EAGER2000),  # the AVX2 recipe before compile (demo_fp32.yaml at 029ba49)
+    "fp32_b16": (
         "fp32",
-        ["train.batch_size=16", "train.steps=4000", "train.warmup_steps=200", "train.lr=7e-4"],
+        ["train.compile=false", "train.batch_size=16", "train.steps=4000", "train.warmup_steps=200"],
     ),
-    "fp32_lr2": ("fp32", ["train.lr=2e-3"]),
-    "fp32_floor01": ("fp32", ["train.min_lr_ratio=0.1"]),
-    "fp32_ema99": ("fp32", ["train.ema_decay=0.99"]),
-    "fp32_crop": ("fp32", ["data.random_crop_scale=0.9"]),
-    "fp32_b16_floor01": (
-        "fp32",
-        ["train.batch_size=16", "train.steps=4000", "train.warmup_steps=200", "train.min_lr_ratio=0.1"],
-    ),
-    "bf16_3400": ("bf16", []),  # today's avx512_bf16 recipe (demo.yaml)
-    "bf16_b16": ("bf16", ["train.batch_size=16", "train.steps=6800", "train.warmup_steps=200"]),
+    "fp32_floor01": ("fp32", [*EAGER2000, "train.min_lr_ratio=0.1"]),
+    "fp32_ema99": ("fp32", [*EAGER2000, "train.ema_decay=0.99"]),
+    "fp32_lr2": ("fp32", [*EAGER2000, "train.lr=2e-3"]),
+    "fp32_crop": ("fp32", [*EAGER2000, "data.random_crop_scale=0.9"]),
+    "fp32_2200c": ("fp32", ["train.steps=2200", "train.compile=true"]),  # today's AVX2 recipe
+    "bf16_3400": ("bf16", ["train.steps=3400", "train.compile=false"]),  # the bf16 recipe before compile
+    "bf16_3700c": ("bf16", ["train.steps=3700", "train.compile=true"]),  # today's bf16 recipe
 }
 
 
