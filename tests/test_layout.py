@@ -8,6 +8,8 @@ from pathlib import Path
 
 PKG = Path(__file__).resolve().parents[1] / "vlastack"
 MAX_LINES = 800
+# Modules whose "module:Class" strings another module imports by name: lister -> resolver.
+RESOLVERS = {"vlastack.config.schema": "vlastack.models.heads"}
 
 
 def _module_name(path: Path) -> str:
@@ -22,6 +24,7 @@ def import_graph() -> dict[str, set[str]]:
     module, else ``a.b``."""
     files = {_module_name(p): p for p in PKG.rglob("*.py")}
     graph: dict[str, set[str]] = {}
+    registry: dict[str, set[str]] = {}
     for mod, path in files.items():
         is_pkg = path.name == "__init__.py"
         edges = set()
@@ -35,10 +38,19 @@ def import_graph() -> dict[str, set[str]]:
                     anchor = anchor[: len(anchor) - node.level + 1]
                     base = ".".join([*anchor, base] if base else anchor)
                 names = [f"{base}.{a.name}" if f"{base}.{a.name}" in files else base for a in node.names]
+            elif isinstance(node, ast.Constant) and isinstance(node.value, str) and ":" in node.value:
+                # registry strings ("vlastack.models.heads.flow:FlowHead") are imports made by the
+                # module that resolves them (RESOLVERS), not by the one that lists them
+                target = node.value.partition(":")[0]
+                if target in files and mod in RESOLVERS:
+                    registry.setdefault(RESOLVERS[mod], set()).add(target)
+                continue
             else:
                 continue
             edges.update(n for n in names if n in files and n != mod)
         graph[mod] = edges
+    for resolver, targets in registry.items():
+        graph[resolver] |= targets
     return graph
 
 
@@ -68,6 +80,7 @@ def test_import_graph_sees_lazy_and_type_checking_imports():
     g = import_graph()
     assert "vlastack.models.backbone" in g["vlastack.models.heads.flow"]
     assert "vlastack.train.trainer" in g["vlastack.train.cli"]  # an in-function import
+    assert "vlastack.models.heads.grounding" in g["vlastack.models.heads"]  # a registry string
     assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
 
 

@@ -76,3 +76,16 @@ def test_unknown_yaml_key_is_rejected(tmp_path):
 def test_unknown_preset():
     with pytest.raises(ValueError, match="preset"):
         load_config("huge")
+
+
+def test_grounding_on_a_head_without_a_grounded_variant_is_refused(monkeypatch):
+    """Issue #36 item 2: a head with no grounded class is refused at config time, not silently
+    built as the grounded flow head."""
+    import pytest as _pytest
+
+    from vlastack.config import schema
+
+    monkeypatch.setattr(schema, "GROUNDED_REGISTRY", {"flow": schema.GROUNDED_REGISTRY["flow"]})
+    with _pytest.raises(ValueError, match="head 'tokens' does not take the grounding add-on"):
+        load_config("tiny", overrides=["model.head=tokens", "model.grounding.points=2",
+                                       "model.tokens.state_input=continuous"])  # fmt: skip

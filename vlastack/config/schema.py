@@ -249,6 +249,12 @@ HEAD_REGISTRY = {
     "tokens": "vlastack.models.heads.tokens:TokenHead",
 }
 HEAD_NAMES = tuple(HEAD_REGISTRY)
+# Heads that take the grounding add-on (``model.grounding.points > 0``): head name -> its grounded
+# class. A head not listed here refuses grounding at config time instead of being built as another.
+GROUNDED_REGISTRY = {
+    "flow": "vlastack.models.heads.grounding:GroundedFlowHead",
+    "tokens": "vlastack.models.heads.grounded_tokens:GroundedTokenHead",
+}
 
 
 @dataclass(frozen=True)
@@ -314,6 +320,12 @@ class ModelConfig:
             "grounding feeds the state token, which variant='pi05' does not have: set grounding.points=0",
         )
         if g.points:
+            _check(
+                self.head in GROUNDED_REGISTRY,
+                "grounding.points",
+                f"head {self.head!r} does not take the grounding add-on (heads that do: "
+                f"{sorted(GROUNDED_REGISTRY)}): set grounding.points=0",
+            )
             _check(
                 not g.attend_weight or self.image_resize == "stretch",
                 "grounding.attend_weight",

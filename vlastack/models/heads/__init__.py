@@ -13,6 +13,7 @@ from __future__ import annotations
 import importlib
 
 from vlastack.config import HEAD_REGISTRY, ModelConfig
+from vlastack.config.schema import GROUNDED_REGISTRY
 from vlastack.models.heads.base import ActionHead, ActionOutput, HeadBase
 from vlastack.models.heads.flow import FlowHead
 from vlastack.models.heads.grounded_tokens import GroundedTokenHead
@@ -27,6 +28,7 @@ def _resolve(path: str) -> type[ActionHead]:
 
 # The registry lives in config.HEAD_REGISTRY (one line per head); here its names become classes.
 HEADS: dict[str, type[ActionHead]] = {name: _resolve(path) for name, path in HEAD_REGISTRY.items()}
+GROUNDED: dict[str, type[ActionHead]] = {name: _resolve(path) for name, path in GROUNDED_REGISTRY.items()}
 
 __all__ = [
     "HEADS",
@@ -42,6 +44,6 @@ __all__ = [
 
 def head_class(cfg: ModelConfig) -> type[ActionHead]:
     """The head class ``cfg`` asks for (``cfg.head``, with its add-ons)."""
-    if cfg.grounding.points:  # config checks that the head can take it
-        return GroundedTokenHead if cfg.head == "tokens" else GroundedFlowHead
+    if cfg.grounding.points:  # the config refuses grounding for a head not in GROUNDED
+        return GROUNDED[cfg.head]
     return HEADS[cfg.head]
