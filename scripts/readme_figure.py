@@ -51,9 +51,9 @@ def figure(report: Path, caption: str, out: Path) -> None:
             for xi, v in zip(x, vals, strict=True):
                 ax.text(xi - 0.27, v + 0.02, f"{v:.0%}", ha="center", fontsize=8)
     ax.set_xticks(x, [*tasks, "mean"])
-    ax.set_ylim(0, 1.12)
+    ax.set_ylim(0, 1.1)
     ax.set_ylabel("closed-loop success (100 unseen-seed episodes)")
-    ax.legend(loc="upper right", fontsize=8, ncols=3)
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.08), fontsize=8, ncols=3, frameon=False)
     ax.set_title(f"vla demo: {caption}", fontsize=10)
     for r, v in enumerate(videos):
         strip = np.concatenate(frames(v), axis=1)

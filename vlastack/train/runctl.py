@@ -29,10 +29,10 @@ LOCK_NAME = ".lock"
 class TrainingStopped(RuntimeError):
     """Training ended early on a stop signal, after saving ``checkpoint`` at ``step``."""
 
-    def __init__(self, signum: int, step: int, checkpoint: Path | None) -> None:
+    def __init__(self, signum: int, step: int, checkpoint: Path | None = None) -> None:
         self.signum, self.step, self.checkpoint = signum, step, checkpoint
         self.exit_code = 128 + signum
-        where = f"checkpoint {checkpoint} saved" if checkpoint else "no checkpoint saved (not the main rank)"
+        where = f"checkpoint {checkpoint} saved" if checkpoint else "checkpoint saved"
         super().__init__(
             f"stopped by {signal.Signals(signum).name} at step {step}: {where}; "
             "continue with the same command and --resume"

@@ -191,13 +191,24 @@ class Trainer:
         self.run_dir = Path(run_dir or t.out_dir)
         self.is_main = self.dist.is_main
         self.fsdp = t.parallel == "fsdp"
+        self.bar: Progress | None = None  # the live progress bar while ``fit`` runs
+        # SIGTERM / Ctrl-C finish the step and save (active while ``fit`` runs; see train/runctl.py).
+        self.stop = StopSignals(self._message if self.is_main else (lambda msg: None))
         # One run per folder: refused before anything is built or written (rank 0 owns the folder).
         self.lock = RunLock(self.run_dir)
         if self.is_main:
             self.lock.acquire()
-            if not resume:
+        try:
+            if self.is_main and not resume:
                 ck.claim_run_dir(self.run_dir, overwrite)
+            self._setup(cfg, data_path, resume, dataset, verbose)
+        except BaseException:
+            self.lock.release()  # a run that could not start leaves its folder free at once
+            raise
 
+    def _setup(self, cfg: Config, data_path, resume: bool, dataset, verbose: bool) -> None:
+        """Data, model, optimizer, training state and logger: the rest of ``__init__``."""
+        t = cfg.train
         # ---- data (refused before any training if it does not fit the model)
         kept = init_normalizer(t.init_from) if cfg.data.norm_stats == "init_from" else None
         if dataset is None:
@@ -265,7 +276,6 @@ class Trainer:
         if resume:
             self._resume()
         self.logger = RunLogger(self.run_dir, t.steps, self.step, enabled=self.is_main and verbose)
-        self.bar: Progress | None = None  # the live progress bar while ``fit`` runs
         if self.is_main and verbose:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             save_yaml(cfg, self.run_dir / "config.yaml")
@@ -339,9 +349,7 @@ class Trainer:
 
     def save(self) -> Path:
         """Write checkpoint ``step_<step>`` (all ranks must call). Returns its folder."""
-        stop = getattr(self, "stop", None)
-        if stop is not None:
-            stop.saving = True  # a Ctrl-C now stops at once instead of after this save
+        self.stop.saving = True  # a Ctrl-C now stops at once instead of after this save
         try:
             return self._save()
         except OSError as e:
@@ -354,8 +362,7 @@ class Trainer:
             full.needed_bytes = self._checkpoint_bytes()
             raise full from e
         finally:
-            if stop is not None:
-                stop.saving = False
+            self.stop.saving = False
 
     def _checkpoint_bytes(self) -> int:
         """About what one checkpoint writes: the weights (twice with EMA) and the optimizer state."""
@@ -474,11 +481,10 @@ class Trainer:
         t_start = time.perf_counter()
         if self.is_main:
             self.lock.acquire()  # no-op while held; fit may run again after a stop_after
-        announce = self._message if self.is_main else (lambda msg: None)
         try:
             with (
                 Progress(t.steps, "train", "step", initial=self.step, enabled=self.logger.enabled) as bar,
-                StopSignals(announce) as self.stop,
+                self.stop,
             ):
                 self.bar = bar
                 try:
@@ -514,7 +520,7 @@ class Trainer:
                     self._log_metrics(meter.flush(), lr)
                 ckpt = saved or self.save()
                 self.logger.close()
-                raise TrainingStopped(signum, self.step, ckpt if self.is_main else None)
+                raise TrainingStopped(signum, self.step, ckpt)
         return last_ckpt
 
     def _stop_requested(self) -> int:
