@@ -141,6 +141,8 @@ def test_cli_serve_sigterm_finishes_in_flight(policy_dir):
             "0",
             "--http-port",
             "-1",
+            "--drain-timeout",
+            "10",
         ],
         stderr=subprocess.PIPE,
         text=True,
@@ -163,6 +165,8 @@ def test_cli_serve_sigterm_finishes_in_flight(policy_dir):
         t.join(30)
         assert got and got[0]["actions"].shape == (16, ACTION_DIM)
         assert proc.wait(30) == 0
+        rest = proc.stderr.read()
+        assert "shutting down:" in rest and "answered in" in rest, rest  # the drain is logged
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -37,6 +37,7 @@ def _serve(args: argparse.Namespace) -> int:
         token=args.token,
         max_batch=args.max_batch,
         max_message_bytes=int(args.max_message_mb * 2**20),
+        drain_timeout_s=args.drain_timeout,
     )
     run(server)
     return 0
@@ -52,6 +53,8 @@ def _export(args: argparse.Namespace) -> int:
 
 
 def register(sub, groups) -> None:
+    from vlastack.cli_common import float_at_least
+
     p = sub.add_parser("serve", help="serve a policy (openpi websocket protocol + HTTP /act, /metrics)")
     _policy_args(p)
     p.add_argument("--device", default="cpu")
@@ -65,6 +68,12 @@ def register(sub, groups) -> None:
     p.add_argument("--token", default=None, help="require 'Authorization: Bearer|Api-Key TOKEN'")
     p.add_argument("--max-batch", type=int, default=8, help="observations per forward pass")
     p.add_argument("--max-message-mb", type=float, default=16.0, help="largest accepted message")
+    p.add_argument(
+        "--drain-timeout",
+        type=float_at_least(0.0),
+        default=10.0,
+        help="seconds a SIGTERM waits for in-flight requests before closing (default 10)",
+    )
     p.add_argument("--compile", action="store_true", help="torch.compile the sampler")
     p.add_argument("--dtype", default=None, choices=["fp32", "bf16"], help="bf16 = autocast")
     p.add_argument(

@@ -209,7 +209,7 @@ class PolicyServer:
         token: str | None = None,
         max_batch: int = 8,
         max_message_bytes: int = 16 * 2**20,
-        drain_timeout_s: float = 30.0,
+        drain_timeout_s: float = 10.0,
         drain_grace_s: float = 0.2,
     ) -> None:
         self.policy, self.host, self.port = policy, host, port
@@ -319,9 +319,16 @@ class PolicyServer:
             # Drain: both listeners stay open, so what arrives now gets a reply (503 / an error
             # frame) instead of a reset, until the in-flight requests have their answers.
             self.draining = True
-            deadline = time.monotonic() + self.drain_timeout_s
+            t0, at_stop = time.monotonic(), self.metrics.in_flight
+            deadline = t0 + self.drain_timeout_s
             while self.metrics.in_flight > 0 and time.monotonic() < deadline:
                 await asyncio.sleep(0.01)
+            left = self.metrics.in_flight
+            log.info(
+                "shutting down: %d request(s) in flight at the signal, %d answered in %.1f s%s",
+                at_stop, at_stop - min(left, at_stop), time.monotonic() - t0,
+                f", {left} still running at the {self.drain_timeout_s:g} s drain timeout" if left else "",
+            )  # fmt: skip
             await asyncio.sleep(self.drain_grace_s)  # replies on their way out; late arrivals answered
             server.server.close()
             if httpd is not None:
