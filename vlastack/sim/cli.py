@@ -120,10 +120,12 @@ def _eval(args: argparse.Namespace) -> int:
     steps_per_chunk = pick(args.steps_per_chunk, ec.steps_per_chunk)
     horizon = _chunk_length(spec)
     if horizon is not None and steps_per_chunk > horizon:
-        raise ValueError(
-            f"--steps-per-chunk {steps_per_chunk} is more than the policy's chunk length ({horizon} actions, "
-            f"{spec}/config.json): pass 1..{horizon}"
-        )
+        if args.steps_per_chunk is not None:  # the user's value; a preset default is clamped instead
+            raise ValueError(
+                f"--steps-per-chunk {steps_per_chunk} is more than the policy's chunk length ({horizon} "
+                f"actions, {spec}/config.json): pass 1..{horizon}"
+            )
+        steps_per_chunk = horizon
     if args.decode:
         from vlastack.infer.policy import parse_decoding
         from vlastack.sim.policies import Checkpoint
