@@ -90,13 +90,16 @@ def image_pixels(name: str, x: np.ndarray) -> np.ndarray:
     integer types) is an ``ObsError`` naming the key, its dtype and its range. Never wraps."""
     if x.dtype == np.uint8:
         return x
-    if x.dtype.kind == "f":
-        finite = bool(np.isfinite(x).all())
-        if finite and (x.size == 0 or (x.min() >= 0 and x.max() <= 1)):
-            return np.rint(x.astype(np.float32) * 255).astype(np.uint8)
-    rng = "NaN/inf" if x.dtype.kind == "f" and not bool(np.isfinite(x).all()) else (
-        f"[{x.min()}, {x.max()}]" if x.size and x.dtype.kind in "fiub" else "n/a")  # fmt: skip
-    raise ObsError(f"image {name!r} must be {IMAGE_TYPES}, got dtype {x.dtype} with values {rng}")
+    finite = x.dtype.kind != "f" or bool(np.isfinite(x).all())
+    if x.dtype.kind == "f" and finite and (x.size == 0 or (x.min() >= 0 and x.max() <= 1)):
+        return np.rint(x.astype(np.float32) * 255).astype(np.uint8)
+    if not finite:
+        values = "NaN/inf"
+    elif x.size and x.dtype.kind in "fiub":
+        values = f"[{x.min()}, {x.max()}]"
+    else:
+        values = "n/a"
+    raise ObsError(f"image {name!r} must be {IMAGE_TYPES}, got dtype {x.dtype} with values {values}")
 
 
 def _image(name: str, x: object, spec: InputSpec) -> np.ndarray:
