@@ -63,6 +63,7 @@ class StopSignals:
         self.requested = signum
 
     def __enter__(self) -> StopSignals:
+        self.requested, self.saving = None, False  # a new fit starts with no stop pending
         if threading.current_thread() is threading.main_thread():
             for s in self.SIGNALS:
                 if s == signal.SIGINT and signal.getsignal(s) is signal.SIG_IGN:
