@@ -222,3 +222,17 @@ def test_compiled_training_matches_eager(tmp_path):
         cfg = tiny_cfg("train.steps=3", f"train.compile={flag}", "train.save_every=100")
         runs[flag] = Trainer(cfg, run_dir=tmp_path / flag, dataset=FakeDataset(cfg)).fit()["losses"]
     assert runs["true"] == pytest.approx(runs["false"], rel=1e-4), runs
+
+
+def test_every_scalar_the_head_returns_is_logged(tmp_path):
+    """Issue #36 item 4: the token head's ce, l1 and token_accuracy reach metrics.jsonl and the
+    printed line, not only keys ending in _loss."""
+    import json
+
+    cfg = tiny_cfg("train.steps=2", "model.head=tokens", "model.tokens.decoding=parallel",
+                   "model.tokens.regression_head=true", "train.save_every=100")  # fmt: skip
+    Trainer(cfg, run_dir=tmp_path, dataset=FakeDataset(cfg)).fit()
+    recs = [json.loads(ln) for ln in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    last = next(r for r in reversed(recs) if "train/loss" in r)
+    for k in ("train/ce", "train/l1", "train/token_accuracy"):
+        assert k in last, sorted(last)

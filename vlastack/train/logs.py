@@ -35,6 +35,12 @@ def reset_peak_memory(device: torch.device | str = "cpu") -> None:
         torch.cuda.reset_peak_memory_stats(device)
 
 
+# What every logged step carries; any other key of a metrics record is one of the head's scalars.
+STEP_METRICS = frozenset(
+    {"loss", "grad_norm", "samples_per_s", "data_wait", "lr", "peak_mem_mb", "bad_steps"}
+)
+
+
 class RunLogger:
     """Writes ``metrics.jsonl`` (one JSON object per logged step), TensorBoard events under
     ``tb/``, and prints progress: an updating bar on a TTY, plain lines otherwise."""
@@ -89,8 +95,8 @@ class RunLogger:
             f"gnorm {m['grad_norm']:.2f} {m['samples_per_s']:.1f} samples/s "
             f"data-wait {100 * m['data_wait']:.0f}% mem {m['peak_mem_mb']:.0f} MiB {elapsed:.0f}s"
         )
-        parts = [f"{k.removesuffix('_loss')} {v:.4f}" for k, v in sorted(m.items()) if k.endswith("_loss")]
-        if parts:  # the model's loss terms, e.g. "flow 0.41 grounding 0.05"
+        parts = [f"{k.removesuffix('_loss')} {v:.4f}" for k, v in sorted(m.items()) if k not in STEP_METRICS]
+        if parts:  # the head's scalars, e.g. "flow 0.41, grounding 0.05" or "ce 2.1, token_accuracy 0.44"
             line += " (" + ", ".join(parts) + ")"
         if write is not None:
             write(line)

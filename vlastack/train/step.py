@@ -21,8 +21,8 @@ class StepResult:
     grad_norm: float  # global norm before clipping (NaN when not computed)
     ok: bool  # the optimizer applied the update
     scaled_skip: bool = False  # fp16: GradScaler found inf/NaN gradients and skipped (not an error)
-    # The model's other ``*_loss`` outputs (e.g. flow_loss, grounding_loss), mean over this rank's
-    # micro-batches: for logging only, so they are not all-reduced.
+    # Every other scalar the head returns (flow_loss, grounding_loss; the token head's ce, l1,
+    # token_accuracy), mean over this rank's micro-batches: for logging only, not all-reduced.
     parts: dict[str, float] = field(default_factory=dict)
 
 
@@ -77,7 +77,7 @@ def train_step(
         (scaler.scale(loss) if scaler is not None else loss).backward()
         total += loss.detach().float()
         for k, v in out.items():
-            if k.endswith("_loss"):
+            if k != "loss" and isinstance(v, torch.Tensor) and v.dim() == 0:
                 part_sums[k] = part_sums.get(k, 0.0) + v.detach().float() / n
     mean_loss = all_reduce_mean(total)
     loss_val = float(mean_loss)  # the step's one host sync; the parts below ride on it

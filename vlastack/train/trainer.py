@@ -117,6 +117,7 @@ class StepMeter:
 
     def reset(self) -> None:
         self.acc = {"loss": 0.0, "grad_norm": 0.0, "n": 0, "wait": 0.0, "time": 0.0, "samples": 0}
+        self.parts: dict[str, float] = {}  # the head's scalars (StepResult.parts)
 
     def add(self, res: StepResult, wait: float, elapsed: float, samples: int) -> None:
         a = self.acc
@@ -128,7 +129,7 @@ class StepMeter:
             a["grad_norm"] += res.grad_norm
             a["n"] += 1
             for k, v in res.parts.items():
-                a[k] = a.get(k, 0.0) + v
+                self.parts[k] = self.parts.get(k, 0.0) + v
 
     def flush(self) -> dict[str, float]:
         a, n = self.acc, max(1, self.acc["n"])
@@ -138,7 +139,7 @@ class StepMeter:
             "samples_per_s": a["samples"] / max(a["time"], 1e-9),
             "data_wait": a["wait"] / max(a["time"], 1e-9),
         }
-        m.update({k: v / n for k, v in a.items() if k.endswith("_loss") and a["n"]})
+        m.update({k: v / n for k, v in self.parts.items() if a["n"]})
         self.reset()
         return m
 
