@@ -168,3 +168,17 @@ def test_resume_refuses_other_data_or_batch_and_logs_harmless_changes(tmp_path):
         rc == 0
         and "resuming step_0000001 with changed settings: train.log_every, train.steps" in buf.getvalue()
     )
+
+
+def test_filesystem_without_flock_runs_unlocked_with_a_warning(tmp_path, monkeypatch):
+    import errno
+    import fcntl
+
+    def no_locks(fd, op):
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    monkeypatch.setattr(fcntl, "flock", no_locks)
+    lock = RunLock(tmp_path / "run")
+    with pytest.warns(UserWarning, match="cannot lock"):
+        lock.acquire()
+    lock.release()

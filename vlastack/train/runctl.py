@@ -15,11 +15,13 @@ process dies, even by ``kill -9``, so a crashed run never leaves a stale lock.
 
 from __future__ import annotations
 
+import errno
 import os
 import signal
 import sys
 import threading
 import time
+import warnings
 from pathlib import Path
 from types import FrameType
 
@@ -97,7 +99,12 @@ class RunLock:
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
+        except OSError as e:
+            if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                os.close(fd)  # a filesystem without flock (some network mounts): run unlocked
+                warnings.warn(f"cannot lock {self.path} ({e.strerror}): a second run into this folder "
+                              "would not be refused", stacklevel=2)  # fmt: skip
+                return
             owner = os.read(fd, 200).decode(errors="replace").strip() or "another process"
             os.close(fd)
             raise ValueError(
