@@ -12,8 +12,9 @@ from vlastack.labs._core import Ctx, Finding, Lab, MiB, compare
 LAB = Lab("zero_grad", "zero_grad(set_to_none): speed, memory held, peak; forgetting it")
 
 
-def _step_peak(set_to_none: bool, width: int, batch: int) -> dict[str, float]:
-    """MemTracker's peak (MiB by category) of one SGD iteration, after two warm-up iterations."""
+def _step_peak(set_to_none: bool | None, width: int, batch: int) -> dict[str, float]:
+    """MemTracker's peak (MiB by category) of one SGD iteration, after two warm-up iterations.
+    ``set_to_none=None``: zero_grad is never called (forgotten)."""
     from torch.distributed._tools.mem_tracker import MemTracker
 
     torch.manual_seed(0)
@@ -24,7 +25,8 @@ def _step_peak(set_to_none: bool, width: int, batch: int) -> dict[str, float]:
     def it() -> None:
         model(x).pow(2).mean().backward()
         opt.step()
-        opt.zero_grad(set_to_none=set_to_none)
+        if set_to_none is not None:
+            opt.zero_grad(set_to_none=set_to_none)
 
     it()
     it()
@@ -99,12 +101,25 @@ def forgetting_zero_grad(ctx: Ctx) -> Finding:
         ptrs.add(model.weight.grad.data_ptr())
         norms.append(model.weight.grad.norm().item())
     ratios = [n / norms[0] for n in norms]
-    ok = len(ptrs) == 1 and all(abs(r - (i + 1)) < 1e-4 for i, r in enumerate(ratios))
+    grows = len(ptrs) == 1 and all(abs(r - (i + 1)) < 1e-4 for i, r in enumerate(ratios))
+    # The peak, not only the storages: with the default set_to_none=True the gradients are freed
+    # after each step; forgotten, the last step's gradients live through the next forward.
+    w = ctx.n(1024, 512)
+    kept, forgot = _step_peak(True, w, 256), _step_peak(None, w, 256)
+    grad_mib = 8 * (w * w + w) * 4 / MiB  # the 8 Linear layers' gradients, fp32
+    rise = forgot["Total"] - kept["Total"]
+    ok = grows and rise > 0.05 * grad_mib
     return Finding(
         f"4 backward calls without zero_grad: {len(ptrs)} grad storage(s); grad norm "
-        + " -> ".join(f"{n:.1f}" for n in norms),
+        + " -> ".join(f"{n:.1f}" for n in norms)
+        + f"; step peak {kept['Total']:.1f} MiB with zero_grad(set_to_none=True), {forgot['Total']:.1f} MiB "
+        f"without (+{rise:.1f} MiB; one set of gradients is {grad_mib:.1f} MiB)",
         ok,
-        "False as a memory cause: gradients accumulate in place into the same storage, so memory is "
-        "constant. The real damage is wrong gradients (k times too large after k steps).",
-        verdict="F (memory constant; gradients wrong)",
+        "Partly true as a memory cause: memory does not grow (gradients accumulate in place into one "
+        "storage), but the steady peak rises: with the default set_to_none=True zero_grad frees the "
+        "gradients before the next forward, and forgotten they live through it, next to its "
+        "activations. The rise is less than a full set of gradients, because with zero_grad the new "
+        "gradients already overlap the activations backward has not yet freed. The real damage is "
+        "wrong gradients (k times too large after k steps).",
+        verdict="C (no growth; a higher peak; gradients wrong)",
     )
