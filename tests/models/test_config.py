@@ -89,3 +89,14 @@ def test_grounding_on_a_head_without_a_grounded_variant_is_refused(monkeypatch):
     with _pytest.raises(ValueError, match="head 'tokens' does not take the grounding add-on"):
         load_config("tiny", overrides=["model.head=tokens", "model.grounding.points=2",
                                        "model.tokens.state_input=continuous"])  # fmt: skip
+
+
+def test_head_without_a_compilable_decode_step_warns():
+    """Issue #36 item 3: Policy(compile=True) on a head with no compile_decoding is a one-line
+    warning, not a silent no-op."""
+    import pytest as _pytest
+
+    from vlastack.models.heads.base import HeadBase
+
+    with _pytest.warns(UserWarning, match="HeadBase has no compile_decoding"):
+        HeadBase().compile_decoding()

@@ -9,6 +9,7 @@ in ``models/heads/__init__.py`` ``HEADS`` (adding a head: docs/adding-a-head.md)
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 from typing import Any, ClassVar, NamedTuple, Protocol
 
@@ -98,4 +99,9 @@ class HeadBase(nn.Module):
         pass
 
     def compile_decoding(self, **kwargs: Any) -> None:
-        pass
+        # A head without a compilable decode step says so: Policy(compile=True) must never be a
+        # silent no-op (issue #36).
+        warnings.warn(
+            f"{type(self).__name__} has no compile_decoding(): compile=True leaves its sampling eager",
+            stacklevel=2,
+        )
