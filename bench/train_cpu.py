@@ -111,8 +111,8 @@ def main() -> None:
         if kind not in ("avx2", "avx512_bf16") or (kind == "avx512_bf16" and native != kind):
             raise SystemExit(f"cannot run kind {kind!r} on this {native} machine")
         env = {**os.environ, **(CAP if kind != native else {})}
-        # One Inductor cache per kind: a kernel cached by a capped run and reused by a native one
-        # (or the reverse) crashed with heap corruption here ("double free or corruption").
+        # One Inductor cache per kind: with one cache shared by capped and native runs, a compiled
+        # step crashed with heap corruption here ("double free or corruption"); a fresh one ran.
         env.setdefault("TORCHINDUCTOR_CACHE_DIR", f"/tmp/vla_inductor_{kind}")
         cmd = [sys.executable, __file__, "--child", "--precisions", ",".join(precisions),
                "--options", ",".join(options), "--reps", str(args.reps), "--steps", str(args.steps)]  # fmt: skip

@@ -127,9 +127,9 @@ def uncompile(model: nn.Module) -> None:
 
 def inductor_cache_for_isa() -> None:
     """Point Inductor's on-disk cache at a folder per ATen CPU capability (AVX2, AVX512, ...),
-    unless ``TORCHINDUCTOR_CACHE_DIR`` is set: a kernel cached by a process whose ISA was capped
-    (``ATEN_CPU_CAPABILITY=avx2``) and reused by an uncapped one crashed with heap corruption
-    here (torch 2.13.0)."""
+    unless ``TORCHINDUCTOR_CACHE_DIR`` is set: with one cache shared by runs under
+    ``ATEN_CPU_CAPABILITY=avx2`` and native ones, a compiled step crashed with heap corruption on
+    torch 2.13.0, and with a fresh cache it ran."""
     if "TORCHINDUCTOR_CACHE_DIR" in os.environ:
         return
     import getpass
