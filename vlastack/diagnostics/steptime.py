@@ -360,7 +360,4 @@ def part_times(events) -> dict[str, float]:
             if x.sequence_nr >= 0:
                 seq_part[x.sequence_nr] = part
             todo.extend(x.cpu_children)
-    unmatched = out.pop("unmatched", 0.0)
-    if unmatched:  # backward nodes whose forward op was not seen (none expected)
-        out["head_and_loss"] += unmatched
     return {k: v / n_steps for k, v in out.items()}

@@ -169,7 +169,7 @@ def _diff(a: Any, b: Any, prefix: str) -> list[str]:
 
 def changed_keys(old: Config, new: Config) -> list[str]:
     """Dotted keys whose value differs between two configs (for the resume log line)."""
-    return [r.split(" is ")[0] for r in _diff(to_dict(old), to_dict(new), "")]
+    return [r.split(" is ")[0].lstrip(".") for r in _diff(to_dict(old), to_dict(new), "")]
 
 
 def check_same_statistics(ckpt: Path, normalizer: Any) -> None:

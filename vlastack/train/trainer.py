@@ -415,7 +415,7 @@ class Trainer:
             raise ValueError(f"--resume: no checkpoint under {ck.checkpoint_root(self.run_dir)}")
         old = ck.check_compatible(path, self.cfg)
         ck.check_same_statistics(path, self.normalizer)
-        changed = [k.lstrip(".") for k in ck.changed_keys(old, self.cfg)]
+        changed = ck.changed_keys(old, self.cfg)
         if changed:
             self.warnings.append(f"resuming {path.name} with changed settings: {', '.join(changed)}")
         state = load_state(path / "train_state", "state")
