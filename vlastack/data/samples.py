@@ -4,7 +4,8 @@
     s = ds[0]  # images uint8 [N,3,S,S], image_mask [N], tokens [L], token_mask [L], state [S_model],
                # actions [H, A_model] (normalized), action_is_pad [H], action_dim_mask [A_model]
 
-Camera slot i reads ``observation.images.<cfg.model.camera_names[i]>``; a camera the dataset does
+Camera slot i reads ``camera_key(cfg.model.camera_names[i])``: ``observation.images.<name>``, or
+LeRobot's single-camera ``observation.image`` for the name ``image`` (Meta-World, PushT); a camera the dataset does
 not have is zeros with ``image_mask`` False. State/action are normalized with the dataset's
 ``meta/stats.json`` (modes from ``cfg.data.norm``) and zero-padded to ``model.state_dim`` /
 ``model.action_dim``. ``ds.normalizer`` is what the trainer saves as ``norm_stats.json``.
@@ -39,6 +40,12 @@ from vlastack.models.tokenizer import load_tokenizer
 
 STATE_KEY, ACTION_KEY, ENV_KEY = "observation.state", "action", "observation.environment_state"
 ENV_UV_KEY = "observation.environment_uv"  # + ".<camera>": where that camera images ENV_KEY's points
+SINGLE_CAMERA = "image"  # LeRobot's one-camera datasets store it as "observation.image"
+
+
+def camera_key(name: str) -> str:
+    """Dataset key of camera ``name``: ``observation.images.<name>``, or ``observation.image``."""
+    return "observation.image" if name == SINGLE_CAMERA else f"observation.images.{name}"
 
 
 def normalizer_from_stats(stats: dict, cfg: Config) -> Normalizer:
@@ -103,7 +110,7 @@ class VLADataset(Dataset):
                     f"`vla data generate` for the builtin suite), found {ft and ft['shape']}; "
                     "regenerate the data or set model.grounding.attend_weight=0"
                 )
-        self.cam_keys = [f"observation.images.{c}" for c in m.camera_names]
+        self.cam_keys = [camera_key(c) for c in m.camera_names]
         self.present = [k in self.ds.camera_keys for k in self.cam_keys]
         if not any(self.present):
             raise ValueError(

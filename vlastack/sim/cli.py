@@ -10,15 +10,38 @@ def register(sub, groups) -> None:
 
     g = groups["data"].add_parser("generate", help="scripted-expert demos -> LeRobot v3 dataset")
     g.add_argument("--suite", default="builtin", help="builtin | metaworld")
-    g.add_argument("--tasks", default="", help="comma-separated task names (default: the whole suite)")
-    g.add_argument("--episodes", type=int, required=True, help="successful episodes to record")
+    g.add_argument(
+        "--tasks", default="", help="comma-separated task names; Meta-World also MT10, MT50, easy..very_hard"
+    )
+    n = g.add_mutually_exclusive_group(required=True)
+    n.add_argument(
+        "--episodes", type=int_at_least(1), help="successful episodes in all, round-robin over tasks"
+    )
+    n.add_argument(
+        "--episodes-per-task",
+        type=int_at_least(1),
+        help="successful episodes of every task, task by task, seeds SEED+j per task (LeRobot's layout)",
+    )
     g.add_argument("--out", required=True, help="dataset folder to create")
     g.add_argument("--workers", type=int, default=2, help="rollout processes (0 = in-process)")
-    g.add_argument("--image-size", type=int, default=64)
-    g.add_argument("--cameras", default="scene,wrist")
+    g.add_argument(
+        "--image-size",
+        type=int_at_least(8),
+        default=None,
+        help="rendered size (default: builtin 64, Meta-World 480)",
+    )
+    g.add_argument("--cameras", default=None, help="default: builtin scene,wrist; Meta-World image (corner2)")
     g.add_argument("--noise", type=float, default=0.0, help="std of Gaussian noise on executed dx,dy,dz")
-    g.add_argument("--seed", type=int, default=0, help="episode k uses env seed SEED + k")
+    g.add_argument(
+        "--seed", type=int_at_least(0), default=0, help="first env seed (attempt k: SEED+k; per task: SEED+j)"
+    )
     g.add_argument("--overwrite", action="store_true")
+    g.add_argument(
+        "--render-quality",
+        choices=["lerobot", "fast"],
+        default="lerobot",
+        help="Meta-World: lerobot = its exact renderer; fast = ~2.8x faster, 0.16/255 apart at 64 px",
+    )
     g.add_argument(
         "--settle", type=int, default=0, help="expert steps recorded after each success (async execution)"
     )
@@ -77,14 +100,16 @@ def _generate(args: argparse.Namespace) -> int:
         suite=args.suite,
         tasks=_split(args.tasks),
         episodes=args.episodes,
+        episodes_per_task=args.episodes_per_task,
         workers=args.workers,
         image_size=args.image_size,
-        cameras=_split(args.cameras),
+        cameras=_split(args.cameras) or None,
         noise=args.noise,
         seed=args.seed,
         overwrite=args.overwrite,
         video_quality=args.video_quality,
         settle=args.settle,
+        render_quality=args.render_quality,
     )
     rates = ", ".join(f"{t} {r:.0%}" for t, r in rep["expert_success"].items() if r is not None)
     print(

@@ -38,16 +38,16 @@ ALL_TASKS = {**TASKS, **DYNAMIC_TASKS}
 def suite_tasks(suite: str, tasks: tuple[str, ...] | list[str] = ()) -> tuple[str, ...]:
     """Task names of ``suite`` (all of them, or the named subset, checked)."""
     if suite == "metaworld":
-        from vlastack.sim.metaworld import MT10
+        from vlastack.sim.metaworld_tasks import MT10, expand_tasks
 
-        known = MT10
-    elif suite in SUITES:
+        return expand_tasks(tasks) if tasks else MT10  # names, MT10, MT50 or difficulty groups
+    if suite in SUITES:
         known = tuple(ALL_TASKS) if suite == "builtin" else SUITES[suite]
     else:
         raise ValueError(f"unknown suite {suite!r}; choose from {', '.join([*SUITES, 'metaworld'])}")
     if not tasks:
         return SUITES.get(suite, tuple(known))
-    bad = [t for t in tasks if t not in known and suite != "metaworld"]
+    bad = [t for t in tasks if t not in known]
     if bad:
         raise ValueError(f"unknown task(s) {bad} in suite {suite!r}; known: {', '.join(known)}")
     return tuple(tasks)
@@ -129,20 +129,30 @@ class BuiltinEnv(gym.Env):
         self.core.close()
 
 
+def default_cameras(suite: str) -> tuple[str, ...]:
+    """The cameras a suite renders unless told otherwise (Meta-World: LeRobot's one ``image``)."""
+    return ("image",) if suite == "metaworld" else ("scene", "wrist")
+
+
 def make_env(
     task_name: str,
-    image_size: int = 64,
-    cameras: tuple[str, ...] | list[str] = ("scene", "wrist"),
+    image_size: int | None = None,
+    cameras: tuple[str, ...] | list[str] | None = None,
     seed: int | None = None,
     suite: str = "builtin",
+    render_quality: str = "lerobot",
 ):
-    """Build one env of ``suite``. ``seed`` seeds the first ``reset`` if given."""
+    """Build one env of ``suite``. ``seed`` seeds the first ``reset`` if given. ``image_size`` and
+    ``cameras`` default to the suite's own (builtin: 64 px, scene + wrist; Meta-World: LeRobot's
+    480 px ``image``). ``render_quality``: Meta-World only (``metaworld.RENDER_QUALITY``)."""
+    cameras = tuple(cameras) if cameras else default_cameras(suite)
     if suite == "metaworld":
-        from vlastack.sim.metaworld import MetaWorldEnv
+        from vlastack.sim.metaworld import LEROBOT_IMAGE_SIZE, MetaWorldEnv
 
-        env = MetaWorldEnv(task_name, image_size=image_size, cameras=cameras)
+        size = image_size or LEROBOT_IMAGE_SIZE
+        env = MetaWorldEnv(task_name, image_size=size, cameras=cameras, render_quality=render_quality)
     elif suite in SUITES:
-        env = BuiltinEnv(task_name, image_size=image_size, cameras=cameras)
+        env = BuiltinEnv(task_name, image_size=image_size or 64, cameras=cameras)
     else:
         raise ValueError(f"unknown suite {suite!r}; choose from {', '.join([*SUITES, 'metaworld'])}")
     if seed is not None:

@@ -8,8 +8,18 @@ Noise (DART-style): the executed action is the expert's plus Gaussian noise of s
 dx, dy, dz, while the recorded ``action`` is the clean expert action for the state actually seen,
 so demos cover small deviations together with the correction back.
 
-Episode ``k`` uses task ``tasks[k % len(tasks)]`` and seed ``seed + k``. The instruction is the
-LeRobot task string; ``meta/vlastack_sim.json`` keeps suite, family, seed and prompt per episode.
+Seeds: with ``episodes``, attempt ``k`` uses task ``tasks[k % len(tasks)]`` and seed ``seed + k``;
+with ``episodes_per_task`` (LeRobot's layout: N episodes of every task, in task order), attempt ``j``
+of every task uses seed ``seed + j``, as ``lerobot-eval`` numbers its episodes. The instruction is
+the LeRobot task string; ``meta/vlastack_sim.json`` keeps suite, task, seed and prompt per episode:
+the evaluator reads it to refuse scoring a policy on layouts it was trained on.
+
+Meta-World data is laid out like LeRobot's ``lerobot/metaworld_mt50``: ``observation.image`` (the
+480x480 ``corner2`` frames LeRobot's environment gives), ``observation.state`` [4], ``action`` [4]
+(names x, y, z, gripper), ``observation.environment_state`` [39] (Meta-World's full state),
+``task_id`` (LeRobot's ``TASK_NAME_TO_ID``), 80 fps, robot_type ``metaworld``. One difference: the
+frames are stored as video (LeRobot v3's default for cameras) instead of PNG inside the parquet; a
+480x480 PNG is ~177 KB and ~30 ms to encode here, ~7 GB for MT10 (docs/metaworld.md).
 
 The builtin suite also records ``observation.environment_state``: the task's two key points (the
 object the instruction names and its goal, metres; ``env.privileged_state()``) per frame, as
@@ -58,12 +68,16 @@ def rollout_expert(
     imgs: dict[str, list] = {c: [] for c in obs["images"]}
     states, actions, keys, ok = [], [], [], False
     uvs: dict[str, list] = {c: [] for c in obs["images"]}
+    raws: list[np.ndarray] = []
+    has_raw = hasattr(env, "raw_state")  # Meta-World: the 39-dim state LeRobot stores
     extra = 0
     for _ in range(env.max_steps + settle):
         a = np.asarray(env.expert_action(), np.float32)
         for c, im in obs["images"].items():
             imgs[c].append(im)
         states.append(obs["state"])
+        if has_raw:
+            raws.append(env.raw_state())
         if privileged:
             keys.append(env.privileged_state())
             for c, uv in env.privileged_uv().items():
@@ -89,6 +103,8 @@ def rollout_expert(
         "state": np.stack(states).astype(np.float32),
         "action": np.stack(actions).astype(np.float32),
     }
+    if has_raw:
+        ep["env_state"] = np.stack(raws)
     if privileged:
         ep["privileged"] = np.stack(keys)
         ep["privileged_uv"] = {c: np.stack(v) for c, v in uvs.items()}
@@ -106,111 +122,157 @@ def _job(task: str, seed: int, env_kw: dict, noise: float, settle: int = 0) -> d
     ep = rollout_expert(_ENVS[key], seed, noise, privileged=privileged, settle=settle)
     ep.update(task=task, seed=seed)
     if not ep["success"]:  # don't ship frames we will not write
-        for k in ("images", "state", "action", "privileged", "privileged_uv"):
+        for k in ("images", "state", "action", "privileged", "privileged_uv", "env_state"):
             ep.pop(k, None)
     return ep
+
+
+def _episode_features(suite: str, cameras, image_size: int, state_dim: int, action_dim: int) -> dict:
+    from vlastack.data.samples import ENV_KEY, ENV_UV_KEY, camera_key
+
+    img_ft = {
+        "dtype": "video",
+        "shape": [image_size, image_size, 3],
+        "names": ["height", "width", "channels"],
+    }
+    features = {camera_key(c): dict(img_ft) for c in cameras}
+    features["observation.state"] = {"dtype": "float32", "shape": [state_dim], "names": None}
+    features["action"] = {"dtype": "float32", "shape": [action_dim], "names": None}
+    if suite in ("builtin", "dynamic"):
+        features["observation.state"]["names"] = STATE_NAMES
+        features["action"]["names"] = ACTION_NAMES
+        features[ENV_KEY] = {"dtype": "float32", "shape": [len(ENV_STATE_NAMES)], "names": ENV_STATE_NAMES}
+        for c in cameras:
+            features[f"{ENV_UV_KEY}.{c}"] = {"dtype": "float32", "shape": [4], "names": ENV_UV_NAMES}
+    elif suite == "metaworld":  # as lerobot/metaworld_mt50's meta/info.json
+        features["action"]["names"] = ["x", "y", "z", "gripper"]
+        features[ENV_KEY] = {"dtype": "float32", "shape": [39], "names": ["keypoints"]}
+        features["task_id"] = {"dtype": "int16", "shape": [1], "names": None}
+    return features
 
 
 def generate(
     out: str | Path,
     suite: str = "builtin",
     tasks: tuple[str, ...] | list[str] = (),
-    episodes: int = 100,
+    episodes: int | None = 100,
     workers: int = 2,
-    image_size: int = 64,
-    cameras: tuple[str, ...] | list[str] = ("scene", "wrist"),
+    image_size: int | None = None,
+    cameras: tuple[str, ...] | list[str] | None = None,
     noise: float = 0.0,
     seed: int = 0,
     overwrite: bool = False,
     video_quality: str = "standard",
     progress: bool = True,
     settle: int = 0,
+    episodes_per_task: int | None = None,
+    render_quality: str = "lerobot",
 ) -> dict[str, Any]:
-    """Write ``episodes`` successful expert demos to a LeRobot v3 dataset at ``out``; returns a report.
+    """Write successful expert demos to a LeRobot v3 dataset at ``out``; returns a report.
 
+    ``episodes`` in total (round-robin over ``tasks``), or ``episodes_per_task`` for every task,
+    written task by task. ``image_size``/``cameras`` default to the suite's (``make_env``).
     ``progress``: show a live bar (episodes/s, ETA, the expert's success so far); ``settle``: see
     ``rollout_expert``."""
     from vlastack.data.lerobot import LeRobotWriter
-    from vlastack.data.samples import ENV_KEY, ENV_UV_KEY
-    from vlastack.sim.env import make_env, suite_tasks
+    from vlastack.data.samples import ENV_KEY, ENV_UV_KEY, camera_key
+    from vlastack.sim.env import default_cameras, make_env, suite_tasks
 
     names = suite_tasks(suite, tuple(tasks))
-    if episodes < 1 or workers < 0 or noise < 0:
-        raise ValueError("need episodes >= 1, workers >= 0 and noise >= 0")
+    cameras = tuple(cameras) if cameras else default_cameras(suite)
+    if episodes_per_task is not None:
+        if episodes_per_task < 1:
+            raise ValueError(f"need episodes_per_task >= 1, got {episodes_per_task}")
+        episodes = episodes_per_task * len(names)
+    if episodes is None or episodes < 1 or workers < 0 or noise < 0:
+        raise ValueError("need episodes (or episodes_per_task) >= 1, workers >= 0 and noise >= 0")
     if video_quality not in VIDEO_QUALITY:
         raise ValueError(f"video_quality must be one of {sorted(VIDEO_QUALITY)}, got {video_quality!r}")
     pix_fmt, crf = VIDEO_QUALITY[video_quality]
     max_attempts = 2 * episodes + 10
-    if seed < 0 or seed + max_attempts > EVAL_SEED_START:
+    last_seed = seed + (2 * episodes_per_task + 10 if episodes_per_task else max_attempts)
+    if seed < 0 or last_seed > EVAL_SEED_START:
         raise ValueError(
-            f"generation seeds {seed}..{seed + max_attempts} must lie in [0, {EVAL_SEED_START}) to stay "
+            f"generation seeds {seed}..{last_seed} must lie in [0, {EVAL_SEED_START}) to stay "
             "disjoint from evaluation seeds"
         )
-    env_kw = {"image_size": image_size, "cameras": tuple(cameras), "suite": suite}
+    env_kw = {"image_size": image_size, "cameras": cameras, "suite": suite, "render_quality": render_quality}
     probe = make_env(names[0], **env_kw)
     state_dim, action_dim = probe.observation_space["state"].shape[0], probe.action_space.shape[0]
+    image_size = int(probe.observation_space["images"][cameras[0]].shape[0])
     fps = int(probe.metadata.get("render_fps", 10))
     probe.close()
-    img_ft = {
-        "dtype": "video",
-        "shape": [image_size, image_size, 3],
-        "names": ["height", "width", "channels"],
-    }
-    features = {f"observation.images.{c}": dict(img_ft) for c in cameras}
-    features["observation.state"] = {"dtype": "float32", "shape": [state_dim], "names": None}
-    features["action"] = {"dtype": "float32", "shape": [action_dim], "names": None}
-    if suite in ("builtin", "dynamic"):
-        features["observation.state"]["names"] = STATE_NAMES
-        features["action"]["names"] = ACTION_NAMES
-        features[ENV_KEY] = {
-            "dtype": "float32",
-            "shape": [len(ENV_STATE_NAMES)],
-            "names": ENV_STATE_NAMES,
-        }
-        for c in cameras:
-            features[f"{ENV_UV_KEY}.{c}"] = {"dtype": "float32", "shape": [4], "names": ENV_UV_NAMES}
+    features = _episode_features(suite, cameras, image_size, state_dim, action_dim)
     writer = LeRobotWriter(
         out,
         fps=fps,
         features=features,
-        robot_type=f"vlastack_{suite}",
+        robot_type="metaworld" if suite == "metaworld" else f"vlastack_{suite}",
         overwrite=overwrite,
         video_pix_fmt=pix_fmt,
         video_crf=crf,
     )
+    task_ids: dict[str, int] = {}
+    if suite == "metaworld":
+        from vlastack.sim.metaworld_tasks import TASK_IDS
+
+        task_ids = TASK_IDS
 
     t0 = time.perf_counter()
     meta: list[dict] = []
     attempts: dict[str, list[int]] = {t: [0, 0] for t in names}  # task -> [tries, successes]
-    next_k = 0
     ex = ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn")) if workers > 0 else None
     bar = Progress(episodes, "generate", "episode", enabled=progress)
+
+    def write(ep: dict) -> None:
+        data = {camera_key(c): ep["images"][c] for c in cameras}
+        data.update({"observation.state": ep["state"], "action": ep["action"]})
+        if "privileged" in ep:
+            data[ENV_KEY] = ep["privileged"]
+            data.update({f"{ENV_UV_KEY}.{c}": v for c, v in ep["privileged_uv"].items()})
+        if suite == "metaworld":
+            data[ENV_KEY] = ep["env_state"]
+            data["task_id"] = np.full(ep["length"], task_ids[ep["task"]], np.int16)
+        idx = writer.add_episode(data, task=ep["prompt"])
+        meta.append({"episode_index": idx, "task": ep["task"], "seed": ep["seed"],
+                     "prompt": ep["prompt"], "length": ep["length"]})  # fmt: skip
+
+    def run(jobs: list[tuple[str, int]], want: int) -> int:
+        """Roll out ``jobs`` (in order), write successes until ``want``; returns how many were written."""
+        args = [(t, s, env_kw, noise, settle) for t, s in jobs]
+        results = ex.map(_job, *zip(*args)) if ex else (_job(*a) for a in args)
+        wrote = 0
+        for ep in results:  # map keeps the submission order: episodes are written in seed order
+            attempts[ep["task"]][0] += 1
+            if not ep["success"] or wrote == want:
+                continue
+            attempts[ep["task"]][1] += 1
+            write(ep)
+            wrote += 1
+            tries = sum(n for n, _ in attempts.values())
+            bar.update(1, expert_success=f"{len(meta) / tries:.0%}")
+        return wrote
+
     try:
-        while len(meta) < episodes:
-            if next_k >= max_attempts:
-                raise RuntimeError(f"the expert failed too often: {len(meta)} successes in {next_k} attempts")
-            want = episodes - len(meta)
-            ks = range(next_k, next_k + want)
-            next_k += want
-            args = [(names[k % len(names)], seed + k, env_kw, noise, settle) for k in ks]
-            results = ex.map(_job, *zip(*args)) if ex else (_job(*a) for a in args)
-            for ep in results:
-                attempts[ep["task"]][0] += 1
-                if not ep["success"]:
-                    continue
-                attempts[ep["task"]][1] += 1
-                data = {f"observation.images.{c}": ep["images"][c] for c in cameras}
-                data.update({"observation.state": ep["state"], "action": ep["action"]})
-                if "privileged" in ep:
-                    data[ENV_KEY] = ep["privileged"]
-                    data.update({f"{ENV_UV_KEY}.{c}": v for c, v in ep["privileged_uv"].items()})
-                idx = writer.add_episode(data, task=ep["prompt"])
-                meta.append({"episode_index": idx, "task": ep["task"], "seed": ep["seed"],
-                             "prompt": ep["prompt"], "length": ep["length"]})  # fmt: skip
-                tries = sum(n for n, _ in attempts.values())
-                bar.update(1, expert_success=f"{len(meta) / tries:.0%}")
-                if len(meta) == episodes:
-                    break
+        if episodes_per_task:  # task by task (LeRobot's layout), attempt j of a task = seed + j
+            for t in names:
+                j, have = 0, 0
+                while have < episodes_per_task:
+                    if j >= 2 * episodes_per_task + 10:
+                        raise RuntimeError(
+                            f"the expert failed too often on {t}: {have} successes in {j} attempts"
+                        )
+                    n = episodes_per_task - have
+                    have += run([(t, seed + j + i) for i in range(n)], n)
+                    j += n
+        else:
+            k = 0
+            while len(meta) < episodes:
+                if k >= max_attempts:
+                    raise RuntimeError(f"the expert failed too often: {len(meta)} successes in {k} attempts")
+                n = episodes - len(meta)
+                run([(names[(k + i) % len(names)], seed + k + i) for i in range(n)], n)
+                k += n
         root = writer.finalize()
     except BaseException:
         writer.abort()
@@ -224,6 +286,8 @@ def generate(
         "suite": suite,
         "tasks": list(names),
         "episodes": len(meta),
+        "episodes_per_task": episodes_per_task,
+        "seed_scheme": "per_task" if episodes_per_task else "round_robin",
         "attempts": sum(n for n, _ in attempts.values()),
         "expert_success": rates,
         "frames": int(sum(m["length"] for m in meta)),
@@ -232,6 +296,7 @@ def generate(
         "noise": noise,
         "seed": seed,
         "video_quality": video_quality,
+        "render_quality": render_quality,
         "settle": settle,
         "wall_s": time.perf_counter() - t0,
     }

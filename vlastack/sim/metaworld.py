@@ -1,17 +1,26 @@
-"""Meta-World tasks behind the built-in suite's interface (optional extra ``vlastack[metaworld]``).
+"""Meta-World tasks behind the built-in suite's interface, as LeRobot runs them (extra ``vlastack[metaworld]``).
 
-    env = make_env("push-v3", suite="metaworld", image_size=64)   # same obs/action format
-    evaluate("expert", suite="metaworld", tasks=MT10, episodes=100)
+    env = make_env("push-v3", suite="metaworld")   # LeRobot's camera, 480x480 frames, 500 steps
+    evaluate("expert", suite="metaworld", tasks=("MT10",), episodes=50, seed=1000, seed_scheme="per_task")
 
-Observations: ``images`` from Meta-World cameras (``scene`` = ``corner2``, ``wrist`` =
-``gripperPOV``; raw Meta-World camera names work too), ``state`` = float32 [4] (hand xyz, gripper
-opening), ``prompt`` from the task description. Actions are Meta-World's own float32 [4]
-(dx, dy, dz, grip effort in [-1, 1]). Each reset draws a fresh object/goal layout from the seed.
-The expert is Meta-World's official scripted policy for the task (``metaworld.policies``), fed
-the fully observable state vector; episodes terminate on Meta-World's ``success`` flag.
+This follows LeRobot 0.6.1's ``MetaworldEnv`` (``lerobot/envs/metaworld.py``, tag v0.6.1) so data made
+here and policies scored here carry over to ``lerobot-eval``:
 
-Meta-World 3.1 pins ``mujoco==3.3.0`` while vlastack runs on mujoco 4, so install it in its own
-environment: ``pip install -e '.[metaworld]'`` in a fresh venv (see docs/sim.md).
+- ``images["image"]`` (aliases ``scene`` = ``corner2``, ``wrist`` = ``gripperPOV``): the ``corner2``
+  camera moved to ``LEROBOT_CORNER2_POS``, rendered at 480x480 with Meta-World's own render settings,
+  both image axes flipped (the camera is mounted upside down). Resizing to the model's input is the
+  policy's preprocessing, the same in training, ``vla eval`` and serving. ``image_size`` other than
+  480 renders natively at that size (fast, but not LeRobot's pixels).
+- ``state`` = float32 [4]: hand xyz and gripper opening (``raw_obs[:4]``, LeRobot's ``agent_pos``).
+- ``prompt``: LeRobot's task description (``metaworld_tasks.DESCRIPTIONS``).
+- Actions: Meta-World's float32 [4] (dx, dy, dz, grip effort), clipped to [-1, 1].
+- Layouts: ``reset(seed=s)`` seeds Meta-World's RNG, which draws the object and goal positions, as
+  LeRobot does since its seeding fix (lerobot PR #3727). Episodes end at Meta-World's ``success``
+  flag or after ``max_steps`` (500, Meta-World's and lerobot-eval's limit); 80 steps per second.
+
+The expert is Meta-World's official scripted policy for the task (``metaworld.policies``), fed the
+fully observable state vector. ``raw_state()`` is that 39-dim vector (LeRobot's dataset stores it
+as ``observation.environment_state``).
 """
 
 from __future__ import annotations
@@ -23,33 +32,21 @@ import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
 
+from vlastack.sim.metaworld_tasks import DESCRIPTIONS, MT10, MT50
 from vlastack.sim.render import ensure_gl_backend
 
-MT10 = (
-    "reach-v3",
-    "push-v3",
-    "pick-place-v3",
-    "door-open-v3",
-    "drawer-open-v3",
-    "drawer-close-v3",
-    "button-press-topdown-v3",
-    "peg-insert-side-v3",
-    "window-open-v3",
-    "window-close-v3",
-)
-DESCRIPTIONS = {
-    "reach-v3": "reach the goal position",
-    "push-v3": "push the puck to the goal",
-    "pick-place-v3": "pick up the puck and place it at the goal",
-    "door-open-v3": "open the door",
-    "drawer-open-v3": "open the drawer",
-    "drawer-close-v3": "close the drawer",
-    "button-press-topdown-v3": "press the button from the top",
-    "peg-insert-side-v3": "insert the peg into the hole from the side",
-    "window-open-v3": "slide the window open",
-    "window-close-v3": "slide the window closed",
-}
-CAMERA_ALIASES = {"scene": "corner2", "wrist": "gripperPOV"}
+__all__ = ["MT10", "MT50", "MetaWorldEnv", "describe"]
+
+CAMERA_ALIASES = {"image": "corner2", "scene": "corner2", "wrist": "gripperPOV"}
+# LeRobot's MetaworldEnv moves corner2 here before rendering (lerobot/envs/metaworld.py, v0.6.1).
+LEROBOT_CORNER2_POS = (0.75, 0.075, 0.7)
+LEROBOT_IMAGE_SIZE = 480  # gymnasium MujocoEnv's default render size, which LeRobot keeps
+LEROBOT_MAX_STEPS = 500  # Meta-World's max_path_length; lerobot-eval runs episodes to it
+# Render settings. "lerobot": Meta-World's own (4x multisampling, a 4096 px shadow map), what LeRobot
+# renders; ~141 ms per 480 px frame on one core here. "fast": no multisampling, a 1024 px shadow
+# map: ~50 ms, and 0.16/255 mean (8/255 max) pixel difference once resized to 64 px (measured on
+# pick-place-v3; docs/metaworld.md). Shadows stay: dropping them changes 7.4/255 at 64 px.
+RENDER_QUALITY = {"lerobot": None, "fast": (0, 1024)}  # (offsamples, shadowsize) overrides
 INSTALL_HINT = (
     "Meta-World is not installed: `pip install -e '.[metaworld]'` (vlastack pins the same "
     "mujoco==3.3.0 that Meta-World 3.1 requires; `make setup` installs it with the dev extras)"
@@ -57,11 +54,11 @@ INSTALL_HINT = (
 
 
 def describe(task: str) -> str:
-    """Instruction for a Meta-World task name, e.g. 'door-open-v3' -> 'open the door'."""
+    """LeRobot's instruction for a Meta-World task, e.g. 'door-open-v3' -> 'Open a door with a revolving joint'."""
     if task in DESCRIPTIONS:
         return DESCRIPTIONS[task]
     words = task.rsplit("-v", 1)[0].split("-")
-    return " ".join(words)
+    return " ".join(words).capitalize()
 
 
 def _import_metaworld():
@@ -75,23 +72,32 @@ def _import_metaworld():
 
 
 class MetaWorldEnv(gym.Env):
-    """One Meta-World v3 task with vlastack's observation dict. ``max_steps`` defaults to 200."""
+    """One Meta-World v3 task with vlastack's observation dict (see the module docstring)."""
 
-    metadata: ClassVar[dict] = {
-        "render_modes": ["rgb_array"],
-        "render_fps": 12,
-    }  # ~ Meta-World's control rate
+    metadata: ClassVar[dict] = {"render_modes": ["rgb_array"], "render_fps": 80}  # 0.0125 s per step
 
     def __init__(
         self,
         task: str,
-        image_size: int = 64,
-        cameras: tuple[str, ...] | list[str] = ("scene",),
-        max_steps: int = 200,
+        image_size: int = LEROBOT_IMAGE_SIZE,
+        cameras: tuple[str, ...] | list[str] = ("image",),
+        max_steps: int = LEROBOT_MAX_STEPS,
+        render_quality: str = "lerobot",
     ):
+        if render_quality not in RENDER_QUALITY:
+            raise ValueError(
+                f"render_quality must be one of {sorted(RENDER_QUALITY)}, got {render_quality!r}"
+            )
         envs, policies = _import_metaworld()
+        task = task.replace("metaworld-", "")
         if task not in envs:
-            raise ValueError(f"unknown Meta-World task {task!r}; e.g. {', '.join(MT10[:4])}")
+            raise ValueError(
+                f"unknown Meta-World task {task!r}; e.g. {', '.join(MT10[:4])} (MT50 has {len(MT50)})"
+            )
+        if not 1 <= max_steps <= LEROBOT_MAX_STEPS:
+            raise ValueError(
+                f"max_steps must be in 1..{LEROBOT_MAX_STEPS} (Meta-World's limit), got {max_steps}"
+            )
         import mujoco
 
         self.task_name, self.max_steps = task, max_steps
@@ -104,7 +110,7 @@ class MetaWorldEnv(gym.Env):
             del self.env.sawyer_observation_space  # cached for the partially observable layout
         self.env._freeze_rand_vec = False
         self.env.seeded_rand_vec = True  # layouts come from env.np_random, i.e. from our seed
-        self.env.max_path_length = max_steps + 1
+        self.env.max_path_length = LEROBOT_MAX_STEPS
         self.expert = policies[task]()
         self.cameras = tuple(cameras)
         self._cam_names = [CAMERA_ALIASES.get(c, c) for c in self.cameras]
@@ -112,8 +118,10 @@ class MetaWorldEnv(gym.Env):
         for c in self._cam_names:
             if mujoco.mj_name2id(m, mujoco.mjtObj.mjOBJ_CAMERA, c) < 0:
                 raise ValueError(f"unknown Meta-World camera {c!r}")
-        m.vis.quality.offsamples, m.vis.quality.shadowsize = 0, 0
-        m.light_castshadow[:] = 0
+        corner2 = mujoco.mj_name2id(m, mujoco.mjtObj.mjOBJ_CAMERA, "corner2")
+        m.cam_pos[corner2] = LEROBOT_CORNER2_POS
+        if RENDER_QUALITY[render_quality]:
+            m.vis.quality.offsamples, m.vis.quality.shadowsize = RENDER_QUALITY[render_quality]
         m.vis.global_.offwidth = max(m.vis.global_.offwidth, image_size)
         m.vis.global_.offheight = max(m.vis.global_.offheight, image_size)
         self._renderer = mujoco.Renderer(m, image_size, image_size)
@@ -151,6 +159,10 @@ class MetaWorldEnv(gym.Env):
     def expert_action(self) -> np.ndarray:
         """Meta-World's official scripted policy on the full state (privileged)."""
         return np.clip(self.expert.get_action(self._raw), -1.0, 1.0).astype(np.float32)
+
+    def raw_state(self) -> np.ndarray:
+        """Meta-World's full 39-dim observation (hand, gripper, objects, previous frame, goal), float32."""
+        return np.asarray(self._raw, np.float32)
 
     def _obs(self) -> dict:
         images = {}
