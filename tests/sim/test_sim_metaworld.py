@@ -1,16 +1,18 @@
-"""Meta-World adapter. Meta-World pins mujoco==3.3.0, as vlastack does; it is the optional extra
-``vlastack[metaworld]`` (part of the dev extras), so these tests run in CI. The env test is skipped
-only where the extra is absent."""
+"""Meta-World as LeRobot runs it. Meta-World pins mujoco==3.3.0, as vlastack does; it is the optional
+extra ``vlastack[metaworld]`` (part of the dev extras), so these tests run in CI. Env tests are
+skipped only where the extra is absent. The end-to-end test is the CI-sized benchmark: two tasks
+through generate, a few training steps of the MT10 recipe, and lerobot-eval's protocol."""
 
 from __future__ import annotations
 
 import importlib.util
+import json
 
 import numpy as np
 import pytest
 
 from vlastack.sim.env import suite_tasks
-from vlastack.sim.metaworld import MT10, describe
+from vlastack.sim.metaworld_tasks import DESCRIPTIONS, GROUPS, MT10, MT50, TASK_IDS, expand_tasks, group_of
 
 HAS_MW = importlib.util.find_spec("metaworld") is not None
 needs_mw = pytest.mark.skipif(
@@ -18,10 +20,23 @@ needs_mw = pytest.mark.skipif(
 )
 
 
-def test_descriptions_and_suite():
-    assert describe("door-open-v3") == "open the door"
-    assert describe("coffee-pull-v3") == "coffee pull"  # fallback from the task name
-    assert suite_tasks("metaworld") == MT10 and len(MT10) == 10
+def test_lerobot_task_tables_and_sets():
+    assert len(MT50) == len(DESCRIPTIONS) == len(TASK_IDS) == 50 and len(MT10) == 10
+    assert {g: len(ts) for g, ts in GROUPS.items()} == {"easy": 28, "medium": 11, "hard": 6, "very_hard": 5}
+    assert sorted(sum(GROUPS.values(), ())) == sorted(MT50)
+    assert DESCRIPTIONS["reach-v3"] == "Reach a goal position" and TASK_IDS["window-close-v3"] == 49
+    assert suite_tasks("metaworld") == MT10 and suite_tasks("metaworld", ("MT50",)) == MT50
+    assert expand_tasks(["hard", "push-v3", "metaworld-reach-v3"]) == (*GROUPS["hard"], "reach-v3")
+    assert group_of("peg-insert-side-v3") == "medium"
+    with pytest.raises(ValueError, match="unknown Meta-World task"):
+        suite_tasks("metaworld", ("fly-v3",))
+    # LeRobot's MT10 prompts fit the MT10 recipe's max_text_len and stay distinct when cut there.
+    from vlastack.config import load_config
+
+    for recipe, tasks in (("metaworld_mt10", MT10), ("metaworld_mt50", MT50)):
+        n = load_config("tiny", recipe, []).model.max_text_len
+        cut = {DESCRIPTIONS[t].encode()[:n] for t in tasks}
+        assert len(cut) == len({DESCRIPTIONS[t] for t in tasks}), recipe
 
 
 def test_missing_metaworld_gives_install_hint(monkeypatch):
@@ -29,25 +44,91 @@ def test_missing_metaworld_gives_install_hint(monkeypatch):
 
     from vlastack.sim.env import make_env
 
-    monkeypatch.setitem(sys.modules, "metaworld", None)  # makes `import metaworld` fail
+    for name in ("metaworld", "metaworld.env_dict", "metaworld.policies"):
+        monkeypatch.setitem(sys.modules, name, None)  # makes `import metaworld...` fail, even if imported
     with pytest.raises(ImportError, match=r"\[metaworld\]"):
         make_env("reach-v3", suite="metaworld")
 
 
 @needs_mw
-def test_metaworld_env_and_expert():
+def test_metaworld_env_follows_lerobot():
+    import mujoco
+
     from vlastack.sim.env import make_env
     from vlastack.sim.generate import rollout_expert
+    from vlastack.sim.metaworld import LEROBOT_CORNER2_POS
 
-    env = make_env("reach-v3", suite="metaworld", image_size=32, cameras=("scene", "wrist"))
+    env = make_env("reach-v3", suite="metaworld", image_size=32, cameras=("image", "wrist"))
+    assert env.max_steps == 500 and env.metadata["render_fps"] == 80
+    cam = mujoco.mj_name2id(env.env.model, mujoco.mjtObj.mjOBJ_CAMERA, "corner2")
+    assert np.allclose(env.env.model.cam_pos[cam], LEROBOT_CORNER2_POS)
     obs, _ = env.reset(seed=0)
-    assert obs["images"]["scene"].shape == (32, 32, 3) and obs["state"].shape == (4,)
-    assert obs["prompt"] == "reach the goal position"
+    assert obs["images"]["image"].shape == (32, 32, 3) and obs["state"].shape == (4,)
+    assert obs["prompt"] == "Reach a goal position" and env.raw_state().shape == (39,)
+    assert np.allclose(obs["state"], env.raw_state()[:4])
     ep = rollout_expert(env, seed=1)
-    assert ep["success"] and ep["action"].shape[1] == 4
+    assert ep["success"] and ep["action"].shape[1] == 4 and ep["env_state"].shape == (ep["length"], 39)
     goals = []
     for seed in (1, 2, 1):
         env.reset(seed=seed)
-        goals.append(env._raw[-3:].copy())  # the goal position, part of the privileged state
+        goals.append(env.raw_state()[-3:].copy())  # the goal position
     assert not np.allclose(goals[0], goals[1]) and np.allclose(goals[0], goals[2])
     env.close()
+    with pytest.raises(ValueError, match="render_quality"):
+        make_env("reach-v3", suite="metaworld", image_size=32, render_quality="best")
+
+
+@needs_mw
+def test_metaworld_generate_train_eval_like_lerobot(tmp_path, capsys):
+    """Generate 2 tasks x 2 episodes in LeRobot's layout, train the MT10 recipe a few steps, then
+    score it by lerobot-eval's protocol; evaluating on the training layouts is refused."""
+    from vlastack.cli import main
+    from vlastack.data.reader import LeRobotDataset
+    from vlastack.sim.evaluate import evaluate
+    from vlastack.sim.generate import generate
+
+    data = tmp_path / "mw"
+    rep = generate(data, suite="metaworld", tasks=("reach-v3", "button-press-topdown-v3"), episodes_per_task=2,
+                   workers=0, image_size=32, seed=1000, progress=False)  # fmt: skip
+    info = json.loads((data / "meta/info.json").read_text())
+    assert info["fps"] == 80 and info["robot_type"] == "metaworld"
+    ft = info["features"]
+    assert ft["observation.image"]["shape"] == [32, 32, 3] and ft["observation.state"]["shape"] == [4]
+    assert ft["observation.environment_state"]["shape"] == [39] and ft["task_id"]["dtype"] == "int16"
+    side = json.loads((data / "meta/vlastack_sim.json").read_text())
+    assert [(e["task"], e["seed"]) for e in side["episode_info"]] == [
+        ("reach-v3", 1000), ("reach-v3", 1001), ("button-press-topdown-v3", 1000), ("button-press-topdown-v3", 1001)
+    ]  # fmt: skip
+    assert rep["seed_scheme"] == "per_task"
+    ds = LeRobotDataset(data)
+    first = ds[0]
+    assert first["task"] == "Reach a goal position" and int(np.asarray(first["task_id"]).reshape(-1)[0]) == 40
+
+    run = tmp_path / "run"
+    rc = main(["train", "--config", "metaworld_mt10", "--data", str(data), "--out", str(run),
+               "train.steps=3", "train.compile=false", "train.precision=fp32", "train.log_every=1",
+               "train.save_every=3", "data.num_workers=0", "train.warmup_steps=1", "model.vision.image_size=32",
+               "model.vision.patch_size=8"])  # fmt: skip
+    assert rc == 0
+    ckpt = run / "final"
+    from vlastack.infer.policy import Policy
+
+    assert Policy.from_pretrained(ckpt).replan_steps == 1  # the recipe's eval.steps_per_chunk: one source
+    seeds = json.loads((ckpt / "train_seeds.json").read_text())
+    assert sorted(map(tuple, seeds["episodes"]))[0] == ("button-press-topdown-v3", 1000)
+    tasks = ("reach-v3", "button-press-topdown-v3")
+    with pytest.raises(ValueError, match="trained on"):  # lerobot-eval's seeds 1000+j: the training layouts
+        evaluate(str(ckpt), suite="metaworld", tasks=tasks, episodes=1, seed=1000, seed_scheme="per_task",
+                 num_workers=0, image_size=32, videos=0)  # fmt: skip
+    out = tmp_path / "eval"
+    rc = main(["eval", "--policy", str(ckpt), "--config", "metaworld_mt10", "--tasks", ",".join(tasks),
+               "--episodes-per-task", "1", "--seed", "5000", "--workers", "0", "--image-size", "32",
+               "--out", str(out), "--videos", "2", "--steps-per-chunk", "8", "eval.max_steps=40"])  # fmt: skip
+    assert rc == 0
+    res = json.loads((out / "eval.json").read_text())
+    assert [(e["task"], e["seed"]) for e in res["episodes"]] == [(t, 5000) for t in tasks]
+    assert all(e["steps"] <= 40 for e in res["episodes"]) and res["config"]["max_steps"] == 40
+    assert set(res["groups"]) == {"easy"} and res["groups"]["easy"]["n"] == 2 and "group_average" not in res
+    assert res["config"]["cameras"] == ["image"] and res["train_seeds"]["overlap"] == 0
+    assert len(res["videos"]) == 2  # one per task
+    assert "easy" in capsys.readouterr().out

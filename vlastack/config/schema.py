@@ -540,13 +540,31 @@ class EvalConfig:
     num_workers: int = 2
     steps_per_chunk: int = 8
     temporal_ensemble: float = 0.0  # 0 = off, else exponential weight
-    image_size: int = 64
+    image_size: int = 64  # rendered size; the policy resizes to its own input
     videos: int = 4
     execution: ExecutionConfig = field(default_factory=ExecutionConfig)
+    # "spread": ``episodes`` in all, episode i on task i % n with seed ``seed + i``. "per_task":
+    # ``episodes`` of every task, episode j with seed ``seed + j`` (lerobot-eval's numbering).
+    seed_scheme: str = "spread"
+    render_quality: str = "lerobot"  # Meta-World's renderer: "lerobot" (exact) or "fast" (sim/metaworld.py)
+    max_steps: int = (
+        0  # episode limit; 0 = the task's own (builtin: per task; Meta-World 500, as lerobot-eval)
+    )
 
     def __post_init__(self) -> None:
         _positive(self, "episodes", "steps_per_chunk", "image_size")
         _check(self.num_workers >= 0, "num_workers", "must be >= 0")
+        _check(self.max_steps >= 0, "max_steps", f"must be >= 0 (0 = the suite's own), got {self.max_steps}")
+        _check(
+            self.seed_scheme in ("spread", "per_task"),
+            "seed_scheme",
+            f"must be 'spread' or 'per_task', got {self.seed_scheme!r}",
+        )
+        _check(
+            self.render_quality in ("lerobot", "fast"),
+            "render_quality",
+            f"must be 'lerobot' or 'fast', got {self.render_quality!r}",
+        )
         _check(
             self.execution.method != "temporal_ensemble" or self.temporal_ensemble > 0,
             "execution.method",

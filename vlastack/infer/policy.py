@@ -68,6 +68,19 @@ def set_decoding(model: torch.nn.Module, options: dict[str, Any]) -> None:
     model.cfg = model.head.cfg = new
 
 
+def saved_steps_per_chunk(path: str | Path) -> int | None:
+    """``eval.steps_per_chunk`` of a vlastack checkpoint's config.yaml, capped at its action horizon:
+    the one source for how many actions run per chunk (``vla eval``, ``Policy``, ``vla serve``'s
+    /metadata). None when the folder has no config.yaml."""
+    f = Path(path) / "config.yaml"
+    if not f.is_file():
+        return None
+    from vlastack.config import load_yaml
+
+    cfg = load_yaml(f)
+    return min(cfg.eval.steps_per_chunk, cfg.model.action_horizon)
+
+
 class Policy:
     """A VLA + normalizer + tokenizer. Thread-safe: one forward pass at a time (``self.lock``)."""
 
@@ -195,6 +208,8 @@ class Policy:
         if ema and not weights.is_dir():
             raise ValueError(f"{path} has no ema/ folder (train with train.ema_decay > 0)")
         model = VLA.from_pretrained(weights, device=device)
+        if kwargs.get("replan_steps") is None:  # the steps per chunk `vla eval` runs it with
+            kwargs["replan_steps"] = saved_steps_per_chunk(path)
         stats = weights / NORM_STATS if (weights / NORM_STATS).exists() else path / NORM_STATS
         normalizer = load_normalizer(stats) if stats.exists() else identity_normalizer()
         tokenizer = load_tokenizer(model.cfg.tokenizer)

@@ -57,8 +57,18 @@ def register(sub, groups) -> None:
     e.add_argument("--policy", required=True, help="checkpoint folder | random | expert")
     e.add_argument("--suite", default=None, help="builtin | metaworld (default: eval.suite)")
     e.add_argument("--tasks", default=None, help="comma-separated subset (default: eval.tasks)")
-    e.add_argument(
-        "--episodes", type=int_at_least(1), default=None, help="total episodes, round-robin over tasks"
+    n = e.add_mutually_exclusive_group()
+    n.add_argument(
+        "--episodes",
+        type=int_at_least(1),
+        default=None,
+        help="episodes (eval.seed_scheme decides how they spread)",
+    )
+    n.add_argument(
+        "--episodes-per-task",
+        type=int_at_least(1),
+        default=None,
+        help="N episodes of every task, seeds SEED+j (lerobot-eval's scheme: eval.seed_scheme=per_task)",
     )
     e.add_argument("--out", default="runs/eval", help="folder for eval.json, eval.png, videos/")
     e.add_argument("--workers", type=int_at_least(0), default=None, help="worker processes (0 = in-process)")
@@ -76,7 +86,7 @@ def register(sub, groups) -> None:
     )
     e.add_argument("--videos", type=int_at_least(0), default=None, help="mp4 rollouts to save")
     e.add_argument("--image-size", type=int_at_least(8), default=None)
-    e.add_argument("--cameras", default="scene,wrist")
+    e.add_argument("--cameras", default=None, help="default: the checkpoint's cameras, else the suite's")
     e.add_argument(
         "--decode",
         action="append",
@@ -142,7 +152,14 @@ def _eval(args: argparse.Namespace) -> int:
         return default if v is None else v
 
     spec = args.policy
-    steps_per_chunk = pick(args.steps_per_chunk, ec.steps_per_chunk)
+    saved = None
+    if spec not in ("random", "expert"):
+        from vlastack.infer.policy import saved_steps_per_chunk
+
+        # One source: a checkpoint runs with the steps per chunk it was trained for (its config.yaml),
+        # as Policy.from_pretrained and `vla serve` do; --steps-per-chunk overrides.
+        saved = saved_steps_per_chunk(spec)
+    steps_per_chunk = pick(args.steps_per_chunk, pick(saved, ec.steps_per_chunk))
     horizon = _chunk_length(spec)
     if horizon is not None and steps_per_chunk > horizon:
         if args.steps_per_chunk is not None:  # the user's value; a preset default is clamped instead
@@ -161,24 +178,29 @@ def _eval(args: argparse.Namespace) -> int:
         spec = Checkpoint(spec, decoding)
     res = evaluate(
         spec,
+        ec,  # every eval.* setting of the config; the flags below override theirs
         suite=pick(args.suite, ec.suite),
         tasks=_split(args.tasks) if args.tasks is not None else ec.tasks,
-        episodes=pick(args.episodes, ec.episodes),
+        episodes=pick(args.episodes_per_task, pick(args.episodes, ec.episodes)),
+        seed_scheme="per_task" if args.episodes_per_task else ec.seed_scheme,
         seed=pick(args.seed, ec.seed),
         num_workers=pick(args.workers, ec.num_workers),
         steps_per_chunk=steps_per_chunk,
         temporal_ensemble=pick(args.temporal_ensemble, ec.temporal_ensemble),
-        execution=ec.execution,
         out_dir=args.out,
         videos=pick(args.videos, ec.videos),
         image_size=pick(args.image_size, ec.image_size),
-        cameras=_split(args.cameras),
+        cameras=_split(args.cameras) or None,
     )
     for t, s in res["tasks"].items():
         lo, hi = s["ci95"]
         print(f"{t:>16}: {s['success_rate']:6.1%}  [{lo:.2f}, {hi:.2f}]  n={s['n']}")
+    for g, s in res.get("groups", {}).items():
+        print(f"{g:>16}: {s['success_rate']:6.1%}  [{s['ci95'][0]:.2f}, {s['ci95'][1]:.2f}]  n={s['n']}")
     o = res["overall"]
     print(f"{'overall':>16}: {o['success_rate']:6.1%}  [{o['ci95'][0]:.2f}, {o['ci95'][1]:.2f}]  n={o['n']}")
+    if "group_average" in res:
+        print(f"{'group average':>16}: {res['group_average']:6.1%}")
     from vlastack.diagnostics.run_report import eval_report
 
     report = eval_report(args.out, res, {"eval": res["config"], "policy": args.policy})

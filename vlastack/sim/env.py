@@ -141,18 +141,20 @@ def make_env(
     seed: int | None = None,
     suite: str = "builtin",
     render_quality: str = "lerobot",
+    max_steps: int = 0,
 ):
     """Build one env of ``suite``. ``seed`` seeds the first ``reset`` if given. ``image_size`` and
     ``cameras`` default to the suite's own (builtin: 64 px, scene + wrist; Meta-World: LeRobot's
-    480 px ``image``). ``render_quality``: Meta-World only (``metaworld.RENDER_QUALITY``)."""
+    480 px ``image``). ``render_quality``: Meta-World only (``metaworld.RENDER_QUALITY``); ``max_steps``: the episode
+    limit, 0 = the task's own (builtin: per task, Meta-World 500)."""
     cameras = tuple(cameras) if cameras else default_cameras(suite)
     if suite == "metaworld":
-        from vlastack.sim.metaworld import LEROBOT_IMAGE_SIZE, MetaWorldEnv
+        from vlastack.sim.metaworld import LEROBOT_IMAGE_SIZE, LEROBOT_MAX_STEPS, MetaWorldEnv
 
         size = image_size or LEROBOT_IMAGE_SIZE
-        env = MetaWorldEnv(task_name, image_size=size, cameras=cameras, render_quality=render_quality)
+        env = MetaWorldEnv(task_name, size, cameras, max_steps or LEROBOT_MAX_STEPS, render_quality)
     elif suite in SUITES:
-        env = BuiltinEnv(task_name, image_size=image_size or 64, cameras=cameras)
+        env = BuiltinEnv(task_name, image_size=image_size or 64, cameras=cameras, max_steps=max_steps or None)
     else:
         raise ValueError(f"unknown suite {suite!r}; choose from {', '.join([*SUITES, 'metaworld'])}")
     if seed is not None:

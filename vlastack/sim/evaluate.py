@@ -4,8 +4,13 @@
     res = evaluate("runs/tiny/checkpoint", suite="builtin", episodes=100, num_workers=2)  # or fields
     res["overall"]["success_rate"], res["overall"]["ci95"]
 
-Episode ``i`` runs task ``tasks[i % len(tasks)]`` with env seed ``seed + i`` (the default 1_000_000
-keeps evaluation layouts disjoint from data generation, which uses small seeds). Workers are
+Seeds (``eval.seed_scheme``): ``spread``, episode ``i`` runs task ``tasks[i % len(tasks)]`` with env
+seed ``seed + i`` (the default 1_000_000 keeps evaluation layouts disjoint from data generation,
+which uses small seeds); ``per_task``, every task runs ``episodes`` episodes with seeds ``seed + j``,
+as ``lerobot-eval`` does (its seed is 1000). A checkpoint trained on generated data carries the
+(task, seed) pairs behind it (``train_seeds.json``): scoring it on any of them is refused.
+Meta-World results also get LeRobot's difficulty groups (``groups``: success pooled over each
+group's episodes, as lerobot-eval; ``group_average``: the mean of the four, the SmolVLA table's). Workers are
 spawned processes; each builds its own policy from the picklable spec (see ``policies.py``) so no
 model is ever pickled. A worker that dies is reported (``EvalWorkerError``) instead of hanging the
 run; a policy that returns a bad chunk stops the run with a ``PolicyOutputError`` naming it.
@@ -74,7 +79,7 @@ def run_episode(
         policy.bind_env(env)
     adim = env.action_space.shape[0]
     task = getattr(env, "task_name", "?")
-    frames = [next(iter(obs["images"].values()))] if record else []
+    frames = [_video_frame(obs)] if record else []
     if execution is not None and (execution.method != "sync" or execution.delay != 0):
         return _realtime_episode(env, obs, policy, name, seed, steps_per_chunk, temporal_ensemble,
                                  frames, episode, execution)  # fmt: skip
@@ -92,7 +97,7 @@ def run_episode(
         obs, _, terminated, truncated, info = env.step(action.astype(np.float32))
         t += 1
         if record:
-            frames.append(next(iter(obs["images"].values())))
+            frames.append(_video_frame(obs))
         if terminated or truncated:
             success = bool(info.get("success", terminated))
             break
@@ -110,6 +115,14 @@ def run_episode(
     return out
 
 
+def _video_frame(obs: dict, max_side: int = 160) -> np.ndarray:
+    """The first camera's frame for a video, strided down to at most ``max_side`` px (a 500-step
+    Meta-World episode at 480 px would hold 345 MB)."""
+    img = next(iter(obs["images"].values()))
+    k = -(-img.shape[0] // max_side)
+    return img[::k, ::k] if k > 1 else img
+
+
 def _realtime_episode(env, obs, policy, name, seed, steps_per_chunk, ensemble, frames, episode, execution):
     """``run_episode`` through ``RealtimeRunner`` with a simulated delay (deterministic)."""
     adim, task = env.action_space.shape[0], getattr(env, "task_name", "?")
@@ -123,7 +136,7 @@ def _realtime_episode(env, obs, policy, name, seed, steps_per_chunk, ensemble, f
         o, _, terminated, truncated, info = env.step(action.astype(np.float32))
         last.update(obs=o, info=info)
         if frames:
-            frames.append(next(iter(o["images"].values())))
+            frames.append(_video_frame(o))
         return o, terminated or truncated
 
     if hasattr(policy, "guidance_max"):  # a vlastack Policy: inference-time RTC's clip (beta)
@@ -154,7 +167,9 @@ def _init_worker(threads: int) -> None:
         os.environ[k] = str(threads)
 
 
-def _episode_job(spec: PolicySpec, env_kw: dict, run_kw: dict, episode: int, task: str, seed: int) -> dict:
+def _episode_job(
+    spec: PolicySpec, env_kw: dict, run_kw: dict, episode: int, task: str, seed: int, record: bool
+) -> dict:
     from vlastack.sim.env import make_env
 
     if "policy" not in _WORKER:
@@ -166,6 +181,7 @@ def _episode_job(spec: PolicySpec, env_kw: dict, run_kw: dict, episode: int, tas
     envs = _WORKER.setdefault("envs", {})
     if task not in envs:
         envs[task] = make_env(task, **env_kw)
+    run_kw = {**run_kw, "record": record}
     return run_episode(envs[task], _WORKER["policy"], policy_name(spec), seed, episode=episode, **run_kw)
 
 
@@ -175,7 +191,7 @@ def evaluate(
     cfg: EvalConfig | None = None,
     *,
     out_dir: str | Path | None = None,
-    cameras: tuple[str, ...] | list[str] = ("scene", "wrist"),
+    cameras: tuple[str, ...] | list[str] | None = None,
     **overrides: Any,
 ) -> dict[str, Any]:
     """Evaluate a policy spec (or, with ``num_workers=0``, a policy object) on a suite.
@@ -184,7 +200,8 @@ def evaluate(
     steps_per_chunk, temporal_ensemble, image_size, videos); ``overrides``: any of its fields.
     Returns the ``eval.json`` dict: per-task and overall success with Wilson 95% CIs, the episode
     list and timing. With ``out_dir`` also writes eval.json, eval.png and up to ``videos`` mp4s
-    (half successes, half failures when both exist).
+    (one per task when ``videos`` covers the tasks, else half successes, half failures).
+    ``cameras``: default the checkpoint's ``model.camera_names``, else the suite's.
     """
     from vlastack.sim.env import suite_tasks
 
@@ -202,23 +219,38 @@ def evaluate(
             "a policy object cannot be sent to worker processes; pass a spec ('random', 'expert', a "
             "checkpoint path or a picklable factory) or use num_workers=0"
         )
-    env_kw = {"image_size": cfg.image_size, "cameras": tuple(cameras), "suite": cfg.suite}
+    cameras = tuple(cameras) if cameras else _policy_cameras(policy_factory, cfg.suite)
+    env_kw = {"image_size": cfg.image_size, "cameras": cameras, "suite": cfg.suite,
+              "render_quality": cfg.render_quality, "max_steps": cfg.max_steps}  # fmt: skip
     run_kw = {
         "steps_per_chunk": cfg.steps_per_chunk,
         "temporal_ensemble": cfg.temporal_ensemble,
-        "record": videos > 0,
         "execution": cfg.execution,
     }
-    jobs = [(i, names[i % len(names)], cfg.seed + i) for i in range(cfg.episodes)]
+    if cfg.seed_scheme == "per_task":
+        pairs = [(t, cfg.seed + j) for t in names for j in range(cfg.episodes)]
+    else:
+        pairs = [(names[i % len(names)], cfg.seed + i) for i in range(cfg.episodes)]
+    seen = check_train_overlap(policy_factory, cfg.suite, pairs)
+    # Frames are kept only for the episodes that may become videos: a few per task.
+    per_task = -(-2 * videos // len(names)) if videos else 0
+    firsts: dict[str, int] = {}
+    jobs = []
+    for i, (t, s) in enumerate(pairs):
+        firsts[t] = firsts.get(t, 0) + 1
+        jobs.append((i, t, s, firsts[t] <= per_task))
     name = policy_name(policy_factory)
     t0 = time.perf_counter()
-    bar = EpisodeProgress(cfg.episodes, f"eval {name}")
+    bar = EpisodeProgress(len(jobs), f"eval {name}")
     if num_workers == 0:
         from vlastack.sim.env import make_env
 
         policy = build_policy(policy_factory)
         envs = {t: make_env(t, **env_kw) for t in names}
-        results = [bar.done(run_episode(envs[t], policy, name, s, episode=i, **run_kw)) for i, t, s in jobs]
+        results = [
+            bar.done(run_episode(envs[t], policy, name, s, episode=i, record=r, **run_kw))
+            for i, t, s, r in jobs
+        ]
         for e in envs.values():
             e.close()
     else:
@@ -226,14 +258,70 @@ def evaluate(
     bar.close()
     wall = time.perf_counter() - t0
     res = summarize(results, names, name, cfg.suite, wall)
+    res["train_seeds"] = seen
     res["config"] = {
-        "episodes": cfg.episodes, "seed": cfg.seed, "num_workers": num_workers,
+        "episodes": cfg.episodes, "seed": cfg.seed, "seed_scheme": cfg.seed_scheme,
+        "render_quality": cfg.render_quality, "max_steps": cfg.max_steps, "num_workers": num_workers,
         "steps_per_chunk": cfg.steps_per_chunk, "temporal_ensemble": cfg.temporal_ensemble,
         "image_size": cfg.image_size, "cameras": list(cameras), "execution": asdict(cfg.execution),
     }  # fmt: skip
     if out_dir is not None:
         write_outputs(res, results, Path(out_dir), videos)
     return res
+
+
+def _checkpoint_dir(spec: Any) -> Path | None:
+    path = spec if isinstance(spec, str) else getattr(spec, "path", None)
+    if not isinstance(path, str) or path in ("random", "expert") or not Path(path).is_dir():
+        return None
+    return Path(path)
+
+
+def _policy_cameras(spec: Any, suite: str) -> tuple[str, ...]:
+    """A checkpoint's ``model.camera_names`` (what it was trained on), else the suite's cameras."""
+    from vlastack.sim.env import default_cameras
+
+    folder = _checkpoint_dir(spec)
+    cfg_file = folder / "config.json" if folder else None
+    if cfg_file is not None and cfg_file.is_file():
+        from vlastack.fileio import read_json
+
+        names = (read_json(cfg_file).get("model") or {}).get("camera_names")
+        if names:
+            return tuple(names)
+    return default_cameras(suite)
+
+
+def check_train_overlap(spec: Any, suite: str, pairs: list[tuple[str, int]]) -> dict | None:
+    """Refuse to evaluate a checkpoint on (task, seed) layouts from its own training data.
+
+    Returns what eval.json records about the training seeds (None when the policy carries none:
+    baselines, or data not made by ``vla data generate``)."""
+    from vlastack.train.checkpoint import TRAIN_SEEDS, train_seeds
+
+    folder = _checkpoint_dir(spec)
+    if folder is None:
+        return None
+    info = None
+    if (folder / TRAIN_SEEDS).is_file():
+        info = json.loads((folder / TRAIN_SEEDS).read_text())
+    elif (folder / "config.yaml").is_file():
+        from vlastack.config import load_yaml
+
+        info = train_seeds(load_yaml(folder / "config.yaml").data.path)
+    if not info or info.get("suite") not in (None, suite):
+        return None
+    trained = {(t, int(s)) for t, s in info["episodes"]}
+    overlap = sorted(p for p in pairs if p in trained)
+    if overlap:
+        raise ValueError(
+            f"{len(overlap)} of the {len(pairs)} evaluation episodes use layouts the policy was trained on "
+            f"(task, seed), e.g. {overlap[:3]}, from {info['dataset']}: pick evaluation seeds outside the "
+            "training seeds (--seed; lerobot-eval uses 1000+j, vla data generate starts at 0)"
+        )
+    seeds = [s for _, s in info["episodes"]]
+    return {"dataset": info["dataset"], "episodes": len(seeds), "min_seed": min(seeds, default=None),
+            "max_seed": max(seeds, default=None), "overlap": 0}  # fmt: skip
 
 
 def _run_parallel(spec, env_kw, run_kw, jobs, num_workers, name, on_done=None) -> list[dict]:
@@ -248,7 +336,7 @@ def _run_parallel(spec, env_kw, run_kw, jobs, num_workers, name, on_done=None) -
         for f in done:
             exc = f.exception()
             if isinstance(exc, BrokenProcessPool):
-                i, task, seed = futs[f]
+                i, task, seed, _ = futs[f]
                 finished = sum(1 for g in done if not g.exception())
                 raise EvalWorkerError(
                     f"an evaluation worker process died (crashed, os._exit or killed) while evaluating "
@@ -285,7 +373,7 @@ def summarize(results: list[dict], tasks: tuple[str, ...], name: str, suite: str
 
     per_task = {t: stats([r for r in results if r["task"] == t]) for t in tasks}
     rates = [v["success_rate"] for v in per_task.values() if v["n"]]
-    return {
+    out = {
         "policy": name,
         "suite": suite,
         "tasks": per_task,
@@ -294,23 +382,41 @@ def summarize(results: list[dict], tasks: tuple[str, ...], name: str, suite: str
         "wall_s": wall_s,
         "episodes": [{k: v for k, v in r.items() if k != "frames"} for r in results],
     }
+    if suite == "metaworld":
+        from vlastack.sim.metaworld_tasks import GROUPS
+
+        groups = {g: stats([r for r in results if r["task"] in ts]) for g, ts in GROUPS.items()}
+        out["groups"] = {g: v for g, v in groups.items() if v["n"]}
+        if len(out["groups"]) == len(GROUPS):
+            out["group_average"] = float(np.mean([v["success_rate"] for v in groups.values()]))
+    return out
 
 
 def write_outputs(res: dict, results: list[dict], out: Path, videos: int) -> None:
     """eval.json, eval.png (bar chart with Wilson CIs) and videos/*.mp4 under ``out``."""
     out.mkdir(parents=True, exist_ok=True)
-    res["videos"] = write_videos(results, out / "videos", videos) if videos > 0 else []
+    fps = 30 if res["suite"] == "metaworld" else 10  # Meta-World steps at 80 Hz: slowed down to watch
+    res["videos"] = write_videos(results, out / "videos", videos, fps) if videos > 0 else []
     (out / "eval.json").write_text(json.dumps(res, indent=2))
     plot(res, out / "eval.png")
 
 
-def write_videos(results: list[dict], folder: Path, count: int) -> list[str]:
+def write_videos(results: list[dict], folder: Path, count: int, fps: int = 10) -> list[str]:
     from vlastack.data.video import VideoEncoder
 
-    wins = [r for r in results if r["success"] and "frames" in r]
-    fails = [r for r in results if not r["success"] and "frames" in r]
-    n_win = min(len(wins), max(count - count // 2, count - len(fails)))
-    pick = wins[:n_win] + fails[: count - n_win]
+    recorded = [r for r in results if "frames" in r]
+    tasks = list(dict.fromkeys(r["task"] for r in results))
+    if count >= len(tasks) > 1:  # one video per task (its first recorded episode)
+        pick = [
+            next(r for r in recorded if r["task"] == t)
+            for t in tasks
+            if any(r["task"] == t for r in recorded)
+        ]
+    else:
+        wins = [r for r in recorded if r["success"]]
+        fails = [r for r in recorded if not r["success"]]
+        n_win = min(len(wins), max(count - count // 2, count - len(fails)))
+        pick = wins[:n_win] + fails[: count - n_win]
     folder.mkdir(parents=True, exist_ok=True)
     paths = []
     for r in pick:
@@ -319,7 +425,9 @@ def write_videos(results: list[dict], folder: Path, count: int) -> list[str]:
         f = np.ascontiguousarray(f.repeat(scale, 1).repeat(scale, 2))
         tag = "success" if r["success"] else "failure"
         path = folder / f"ep{r['episode']:04d}_{r['task']}_{tag}.mp4"
-        enc = VideoEncoder(path, fps=10, height=f.shape[1] // 2 * 2, width=f.shape[2] // 2 * 2, gop=10)
+        enc = VideoEncoder(
+            path, fps=min(30, fps), height=f.shape[1] // 2 * 2, width=f.shape[2] // 2 * 2, gop=10
+        )
         enc.write(f[:, : enc.height, : enc.width])
         enc.close()
         paths.append(str(path))
@@ -332,16 +440,18 @@ def plot(res: dict, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    labels = [*res["tasks"], "overall"]
-    stats = [*res["tasks"].values(), res["overall"]]
+    groups = res.get("groups", {})
+    labels = [*res["tasks"], *groups, "overall"]
+    stats = [*res["tasks"].values(), *groups.values(), res["overall"]]
     rates = np.array([s["success_rate"] for s in stats])
     err = np.array([[r - s["ci95"][0], s["ci95"][1] - r] for r, s in zip(rates, stats)]).T
-    fig, ax = plt.subplots(figsize=(1.2 * len(labels) + 2, 3.5))
-    ax.bar(labels, rates, yerr=err, capsize=4, color=["C0"] * (len(labels) - 1) + ["C1"])
+    fig, ax = plt.subplots(figsize=(min(1.2 * len(labels) + 2, 0.45 * len(labels) + 6), 3.5))
+    colors = ["C0"] * len(res["tasks"]) + ["C2"] * len(groups) + ["C1"]
+    ax.bar(labels, rates, yerr=err, capsize=4 if len(labels) < 20 else 1, color=colors)
     ax.set_ylim(0, 1.05)
     ax.set_ylabel("success rate (95% Wilson CI)")
     ax.set_title(f"{res['policy']} on {res['suite']} ({res['overall']['n']} episodes)")
-    plt.setp(ax.get_xticklabels(), rotation=20, ha="right")
+    plt.setp(ax.get_xticklabels(), rotation=20 if len(labels) < 20 else 90, ha="right")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)

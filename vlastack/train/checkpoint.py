@@ -21,6 +21,7 @@ deletes every leftover, so an interrupted save never blocks ``--resume`` or hold
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 from pathlib import Path
@@ -71,11 +72,30 @@ def sweep(run_dir: str | Path) -> list[Path]:
     return removed
 
 
-def write_common(folder: Path, cfg: Config, normalizer: Any) -> None:
-    """config.yaml + norm_stats.json: what a policy needs beside the weights."""
+def write_common(folder: Path, cfg: Config, normalizer: Any, data_root: str | Path | None = None) -> None:
+    """config.yaml + norm_stats.json: what a policy needs beside the weights; plus train_seeds.json
+    (the simulator seeds behind the training data) when ``vla data generate`` made the data."""
     save_yaml(cfg, folder / "config.yaml")
     if normalizer is not None:
         normalizer.save(folder / NORM_STATS)
+    seeds = train_seeds(data_root or cfg.data.path)
+    if seeds is not None:
+        atomic_write_text(folder / TRAIN_SEEDS, json.dumps(seeds))
+
+
+TRAIN_SEEDS = "train_seeds.json"
+
+
+def train_seeds(data_path: str | Path) -> dict | None:
+    """{"dataset", "suite", "episodes": [[task, seed], ...]} from a generated dataset's
+    ``meta/vlastack_sim.json`` (None for other data). ``vla eval`` refuses to score a policy on
+    these layouts."""
+    meta = Path(data_path) / "meta" / "vlastack_sim.json" if data_path else None
+    if meta is None or not meta.is_file():
+        return None
+    info = json.loads(meta.read_text())
+    pairs = [[e["task"], int(e["seed"])] for e in info.get("episode_info", [])]
+    return {"dataset": str(Path(data_path).resolve()), "suite": info.get("suite"), "episodes": pairs}
 
 
 def commit(run_dir: str | Path, step: int, keep_last: int) -> Path:

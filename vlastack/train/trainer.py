@@ -210,6 +210,7 @@ class Trainer:
     def _setup(self, cfg: Config, data_path, resume: bool, dataset, verbose: bool) -> None:
         """Data, model, optimizer, training state and logger: the rest of ``__init__``."""
         t = cfg.train
+        self.data_root = data_path or cfg.data.path  # train_seeds.json reads its generator record
         # ---- data (refused before any training if it does not fit the model)
         kept = init_normalizer(t.init_from) if cfg.data.norm_stats == "init_from" else None
         if dataset is None:
@@ -346,7 +347,7 @@ class Trainer:
             )
             remove_lora(m)  # merge: the exported weights are plain and load without LoRA code
         m.save_pretrained(folder)
-        ck.write_common(folder, self.cfg, self.normalizer)
+        ck.write_common(folder, self.cfg, self.normalizer, getattr(self, "data_root", None))
 
     def save(self) -> Path:
         """Write checkpoint ``step_<step>`` (all ranks must call). Returns its folder."""

@@ -1,0 +1,227 @@
+"""Meta-World MT10 / MT50 benchmark table -> bench/results/metaworld.json (docs/metaworld.md).
+
+    # the scripted expert by lerobot-eval's protocol (a data check)
+    .venv/bin/python bench/metaworld.py expert --tasks MT50 --episodes-per-task 10
+    # train a recipe, counting the CPU time of the run and all its processes (resumable: run the
+    # same command again after an interruption; each segment's CPU time is added to the run's ledger)
+    .venv/bin/python bench/metaworld.py train --suite mt10 --run runs/mt10 --data data/mt10 [-- key=value ...]
+    # evaluate the run's final policy and record its row (policy name: vlastack)
+    .venv/bin/python bench/metaworld.py eval --suite mt10 --run runs/mt10 [--episodes-per-task 50]
+    # record a row evaluated elsewhere (e.g. a LeRobot policy scored on the same seeds)
+    .venv/bin/python bench/metaworld.py record --suite mt10 --policy lerobot_act --eval-json X --cpu-hours H
+
+Shape of metaworld.json: ``expert.per_task``; under ``mt10`` / ``mt50`` one entry per policy with
+``per_task``, ``mean``, ``cpu_hours``, ``episodes_per_task``, ``eval_seeds``, ``train_seeds``,
+``train_config`` and, for MT50, ``groups`` and ``group_average``; success as fractions in [0, 1].
+Every entry carries the CPU model and flags, torch version and date.
+
+CPU hours are measured, not inferred from wall time: ``resource.getrusage(RUSAGE_CHILDREN)``
+(user + system) of the ``vla train`` process tree, which includes its data-loader workers and
+compile workers once they have exited.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import platform
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+RESULTS = Path(__file__).resolve().parent / "results" / "metaworld.json"
+RECIPES = {"mt10": "metaworld_mt10", "mt50": "metaworld_mt50"}
+LEDGER = "cpu_ledger.json"  # in the run folder: one row per training segment
+
+
+def machine() -> dict:
+    info = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
+    model = next((ln.split(":", 1)[1].strip() for ln in info.splitlines() if ln.startswith("model name")), "")
+    flags = next((ln.split(":", 1)[1].split() for ln in info.splitlines() if ln.startswith("flags")), [])
+    import torch
+
+    return {
+        "cpu": model or platform.processor(),
+        "cpu_flags": sorted(f for f in flags if f.startswith(("avx", "amx", "fma"))),
+        "cores": len([ln for ln in info.splitlines() if ln.startswith("processor")]),
+        "torch": torch.__version__,
+        "date": datetime.date.today().isoformat(),
+    }
+
+
+def load() -> dict:
+    return json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
+
+
+def save(res: dict) -> None:
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    RESULTS.write_text(json.dumps(res, indent=1) + "\n")
+    print(f"wrote {RESULTS}")
+
+
+def rates(ev: dict) -> dict[str, float]:
+    return {t: s["success_rate"] for t, s in ev["tasks"].items()}
+
+
+def eval_seeds(ev: dict) -> list[int]:
+    return sorted({e["seed"] for e in ev["episodes"]})
+
+
+def entry_from_eval(ev: dict, suite: str, cpu_hours: float | None, train_seeds, train_config) -> dict:
+    per_task = rates(ev)
+    n = {s["n"] for s in ev["tasks"].values()}
+    out = {
+        "per_task": per_task,
+        "mean": sum(per_task.values()) / len(per_task),
+        "cpu_hours": cpu_hours,
+        "episodes_per_task": n.pop() if len(n) == 1 else sorted(n),
+        "eval_seeds": eval_seeds(ev),
+        "seed_scheme": ev["config"].get("seed_scheme"),
+        "render_quality": ev["config"].get("render_quality"),
+        "train_seeds": train_seeds,
+        "train_config": train_config,
+        "machine": machine(),
+    }
+    if suite == "mt50":
+        out["groups"] = {g: s["success_rate"] for g, s in ev.get("groups", {}).items()}
+        out["group_average"] = ev.get("group_average")
+    return out
+
+
+def cmd_expert(args: argparse.Namespace) -> None:
+    from vlastack.sim.evaluate import evaluate
+
+    ev = evaluate("expert", suite="metaworld", tasks=(args.tasks,), episodes=args.episodes_per_task,
+                  seed=args.seed, seed_scheme="per_task", num_workers=args.workers, videos=0,
+                  image_size=480, render_quality=args.render_quality)  # fmt: skip
+    res = load()
+    per_task = rates(ev)
+    res["expert"] = {
+        "per_task": per_task,
+        "mean": sum(per_task.values()) / len(per_task),
+        "below_90": {t: r for t, r in per_task.items() if r < 0.9},
+        "groups": {g: s["success_rate"] for g, s in ev.get("groups", {}).items()},
+        "episodes_per_task": args.episodes_per_task,
+        "eval_seeds": eval_seeds(ev),
+        "render_quality": args.render_quality,
+        "wall_s": ev["wall_s"],
+        "machine": machine(),
+    }
+    print(
+        f"expert: mean {res['expert']['mean']:.1%} over {len(per_task)} tasks; below 90%: {res['expert']['below_90']}"
+    )
+    save(res)
+
+
+def cmd_train(args: argparse.Namespace) -> None:
+    run = Path(args.run)
+    ledger = json.loads((run / LEDGER).read_text()) if (run / LEDGER).exists() else []
+    cmd = [sys.executable, "-m", "vlastack.cli", "train", "--config", RECIPES[args.suite], "--data", args.data,
+           "--out", str(run), *(["--resume"] if ledger else []), *args.overrides]  # fmt: skip
+    print("$", " ".join(cmd), flush=True)
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    t0 = time.time()
+    rc = subprocess.call(cmd)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    run.mkdir(parents=True, exist_ok=True)
+    ledger.append({"started": datetime.datetime.fromtimestamp(t0).isoformat(timespec="seconds"), "rc": rc,
+                   "wall_s": round(time.time() - t0, 1), "cpu_s": round(cpu, 1), "argv": cmd[3:],
+                   "machine": machine()})  # fmt: skip
+    (run / LEDGER).write_text(json.dumps(ledger, indent=1) + "\n")
+    total = sum(r["cpu_s"] for r in ledger)
+    print(
+        f"segment: {cpu / 3600:.2f} CPU-h in {ledger[-1]['wall_s'] / 3600:.2f} h; run total {total / 3600:.2f} CPU-h"
+    )
+    sys.exit(rc)
+
+
+def cmd_eval(args: argparse.Namespace) -> None:
+    from vlastack.cli import main
+
+    run = Path(args.run)
+    out = Path(args.out or run / "eval")
+    argv = ["eval", "--policy", str(run / "final"), "--config", RECIPES[args.suite], "--out", str(out),
+            "--workers", str(args.workers), *(["--episodes-per-task", str(args.episodes_per_task)]
+                                              if args.episodes_per_task else []), *args.overrides]  # fmt: skip
+    if main(argv) != 0:
+        sys.exit(1)
+    record(args.suite, "vlastack", out / "eval.json", run)
+
+
+def record(
+    suite: str, policy: str, eval_json: Path, run: Path | None, cpu_hours: float | None = None
+) -> None:
+    ev = json.loads(Path(eval_json).read_text())
+    train_seeds, train_config = None, None
+    if run is not None:
+        ledger = json.loads((run / LEDGER).read_text()) if (run / LEDGER).exists() else []
+        cpu_hours = cpu_hours if cpu_hours is not None else sum(r["cpu_s"] for r in ledger) / 3600 or None
+        seeds_file = run / "final" / "train_seeds.json"
+        if seeds_file.exists():
+            s = json.loads(seeds_file.read_text())
+            by_task: dict[str, list[int]] = {}
+            for t, k in s["episodes"]:
+                by_task.setdefault(t, []).append(k)
+            train_seeds = {t: [min(v), max(v), len(v)] for t, v in by_task.items()}  # [first, last, count]
+        from vlastack.config import load_yaml, to_dict
+
+        train_config = {
+            "recipe": RECIPES[suite],
+            **to_dict(load_yaml(run / "final" / "config.yaml"))["train"],
+        }
+        train_config["segments"] = [{k: r[k] for k in ("started", "wall_s", "cpu_s", "rc")} for r in ledger]
+    res = load()
+    res.setdefault(suite, {})[policy] = entry_from_eval(ev, suite, cpu_hours, train_seeds, train_config)
+    e = res[suite][policy]
+    print(
+        f"{suite} {policy}: mean {e['mean']:.1%}, {e['cpu_hours'] or 0:.2f} CPU-h, {e['episodes_per_task']}/task"
+    )
+    save(res)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    e = sub.add_parser("expert")
+    e.add_argument("--tasks", default="MT50")
+    e.add_argument("--episodes-per-task", type=int, default=10)
+    e.add_argument("--seed", type=int, default=1000)
+    e.add_argument("--workers", type=int, default=2)
+    e.add_argument("--render-quality", default="fast", choices=["lerobot", "fast"])
+    t = sub.add_parser("train")
+    t.add_argument("--suite", choices=sorted(RECIPES), required=True)
+    t.add_argument("--run", required=True)
+    t.add_argument("--data", required=True)
+    t.add_argument("overrides", nargs="*", help="dotted config overrides")
+    v = sub.add_parser("eval")
+    v.add_argument("--suite", choices=sorted(RECIPES), required=True)
+    v.add_argument("--run", required=True)
+    v.add_argument("--out", default=None)
+    v.add_argument("--workers", type=int, default=2)
+    v.add_argument("--episodes-per-task", type=int, default=None)
+    v.add_argument("overrides", nargs="*", help="dotted config overrides")
+    r = sub.add_parser("record")
+    r.add_argument("--suite", choices=sorted(RECIPES), required=True)
+    r.add_argument("--policy", required=True)
+    r.add_argument("--eval-json", required=True)
+    r.add_argument("--cpu-hours", type=float, default=None)
+    r.add_argument("--run", default=None)
+    args = ap.parse_args()
+    if args.cmd == "record":
+        record(
+            args.suite,
+            args.policy,
+            Path(args.eval_json),
+            Path(args.run) if args.run else None,
+            args.cpu_hours,
+        )
+    else:
+        {"expert": cmd_expert, "train": cmd_train, "eval": cmd_eval}[args.cmd](args)
+
+
+if __name__ == "__main__":
+    main()
