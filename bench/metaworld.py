@@ -1,7 +1,7 @@
 """Meta-World MT10 / MT50 benchmark table -> bench/results/metaworld.json (docs/metaworld.md).
 
     # the scripted expert by lerobot-eval's protocol (a data check)
-    .venv/bin/python bench/metaworld.py expert --tasks MT50 --episodes-per-task 10
+    .venv/bin/python bench/metaworld.py expert --tasks MT50 --episodes-per-task 50
     # train a recipe, counting the CPU time of the run and all its processes (resumable: run the
     # same command again after an interruption; each segment's CPU time is added to the run's ledger)
     .venv/bin/python bench/metaworld.py train --suite mt10 --run runs/mt10 --data data/mt10 [-- key=value ...]
@@ -94,9 +94,10 @@ def entry_from_eval(ev: dict, suite: str, cpu_hours: float | None, train_seeds, 
 def cmd_expert(args: argparse.Namespace) -> None:
     from vlastack.sim.evaluate import evaluate
 
+    # The expert reads Meta-World's state, not pixels: no camera is rendered (cameras=()).
     ev = evaluate("expert", suite="metaworld", tasks=(args.tasks,), episodes=args.episodes_per_task,
                   seed=args.seed, seed_scheme="per_task", num_workers=args.workers, videos=0,
-                  image_size=480, render_quality=args.render_quality)  # fmt: skip
+                  cameras=())  # fmt: skip
     res = load()
     per_task = rates(ev)
     res["expert"] = {
@@ -106,7 +107,7 @@ def cmd_expert(args: argparse.Namespace) -> None:
         "groups": {g: s["success_rate"] for g, s in ev.get("groups", {}).items()},
         "episodes_per_task": args.episodes_per_task,
         "eval_seeds": eval_seeds(ev),
-        "render_quality": args.render_quality,
+        "rendered": False,
         "wall_s": ev["wall_s"],
         "machine": machine(),
     }
@@ -144,7 +145,9 @@ def cmd_eval(args: argparse.Namespace) -> None:
 
     run = Path(args.run)
     out = Path(args.out or run / "eval")
-    argv = ["eval", "--policy", str(run / "final"), "--config", RECIPES[args.suite], "--out", str(out),
+    # The EMA weights when the recipe keeps them (train.ema_decay), as `vla demo` and in-training eval do.
+    policy = run / "final" / "ema" if (run / "final" / "ema").is_dir() else run / "final"
+    argv = ["eval", "--policy", str(policy), "--config", RECIPES[args.suite], "--out", str(out),
             "--workers", str(args.workers), *(["--episodes-per-task", str(args.episodes_per_task)]
                                               if args.episodes_per_task else []), *args.overrides]  # fmt: skip
     if main(argv) != 0:
@@ -188,10 +191,9 @@ def main() -> None:
     sub = ap.add_subparsers(dest="cmd", required=True)
     e = sub.add_parser("expert")
     e.add_argument("--tasks", default="MT50")
-    e.add_argument("--episodes-per-task", type=int, default=10)
+    e.add_argument("--episodes-per-task", type=int, default=50)
     e.add_argument("--seed", type=int, default=1000)
     e.add_argument("--workers", type=int, default=2)
-    e.add_argument("--render-quality", default="fast", choices=["lerobot", "fast"])
     t = sub.add_parser("train")
     t.add_argument("--suite", choices=sorted(RECIPES), required=True)
     t.add_argument("--run", required=True)

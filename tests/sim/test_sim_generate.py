@@ -118,3 +118,49 @@ def test_generate_records_environment_state_for_grounding(tmp_path):
     over[0] = "model.camera_names=[top,scene]"  # no uv recorded for a camera the data lacks
     with pytest.raises(ValueError, match=r"environment_uv\.top"):
         VLADataset(load_config("tiny", overrides=over), out)
+
+
+def test_per_task_generation_resumes_after_an_interruption(tmp_path, monkeypatch):
+    """`--episodes-per-task` writes each task as a finished part first: a run stopped in the second
+    task keeps the first, and the re-run skips it and ends with the data of an uninterrupted run."""
+    from vlastack.sim import generate as gen
+
+    kw = {
+        "tasks": ("reach", "push"),
+        "episodes_per_task": 2,
+        "workers": 0,
+        "image_size": 32,
+        "progress": False,
+    }
+    full = generate(tmp_path / "full", **kw)
+    real_job, calls = gen._job, []
+
+    def stop_in_push(task, *a, **k):
+        calls.append(task)
+        if task == "push":
+            raise KeyboardInterrupt
+        return real_job(task, *a, **k)
+
+    monkeypatch.setattr(gen, "_job", stop_in_push)
+    with pytest.raises(KeyboardInterrupt):
+        generate(tmp_path / "ds", **kw)
+    assert (tmp_path / "ds.parts/reach/meta/vlastack_sim.json").is_file() and not (tmp_path / "ds").exists()
+    calls.clear()
+    monkeypatch.setattr(gen, "_job", lambda task, *a, **k: calls.append(task) or real_job(task, *a, **k))
+    resumed = generate(tmp_path / "ds", **kw)
+    assert set(calls) == {"push"} and not (tmp_path / "ds.parts").exists()  # reach was not re-run
+    assert resumed["episodes"] == full["episodes"] == 4 and resumed["frames"] == full["frames"]
+    a, b = LeRobotDataset(tmp_path / "full"), LeRobotDataset(tmp_path / "ds")
+    for key in ("observation.state", "action", "episode_index", "task_index"):
+        np.testing.assert_array_equal(np.asarray(a.columns[key]), np.asarray(b.columns[key]))
+    assert [a.image("observation.images.scene", i).mean() for i in range(0, len(a), 7)] == [
+        b.image("observation.images.scene", i).mean() for i in range(0, len(b), 7)
+    ]
+    side = json.loads((tmp_path / "ds/meta/vlastack_sim.json").read_text())
+    assert [(e["task"], e["seed"], e["episode_index"]) for e in side["episode_info"]] == [
+        ("reach", 0, 0), ("reach", 1, 1), ("push", 0, 2), ("push", 1, 3)
+    ]  # fmt: skip
+    with pytest.raises(ValueError, match="other settings"):
+        (tmp_path / "x.parts").mkdir()
+        (tmp_path / "x.parts/settings.json").write_text("{}")
+        generate(tmp_path / "x", **kw)

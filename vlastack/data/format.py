@@ -139,3 +139,18 @@ def write_json_atomic(path: Path, data: Any) -> None:
     tmp = path.with_suffix(path.suffix + ".tmp")
     tmp.write_text(json.dumps(data, indent=4, ensure_ascii=False))
     tmp.replace(path)
+
+
+TRAIN_SEEDS = "train_seeds.json"  # in a checkpoint folder: the simulator seeds behind its data
+
+
+def train_seeds(data_path: str | Path) -> dict | None:
+    """{"dataset", "suite", "episodes": [[task, seed], ...]} from a generated dataset's
+    ``meta/vlastack_sim.json`` (None for other data). ``vla eval`` refuses to score a policy on
+    these layouts."""
+    meta = Path(data_path) / "meta" / "vlastack_sim.json" if data_path else None
+    if meta is None or not meta.is_file():
+        return None
+    info = json.loads(meta.read_text())
+    pairs = [[e["task"], int(e["seed"])] for e in info.get("episode_info", [])]
+    return {"dataset": str(Path(data_path).resolve()), "suite": info.get("suite"), "episodes": pairs}

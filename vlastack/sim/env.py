@@ -147,7 +147,7 @@ def make_env(
     ``cameras`` default to the suite's own (builtin: 64 px, scene + wrist; Meta-World: LeRobot's
     480 px ``image``). ``render_quality``: Meta-World only (``metaworld.RENDER_QUALITY``); ``max_steps``: the episode
     limit, 0 = the task's own (builtin: per task, Meta-World 500)."""
-    cameras = tuple(cameras) if cameras else default_cameras(suite)
+    cameras = tuple(cameras) if cameras is not None else default_cameras(suite)  # () = render nothing
     if suite == "metaworld":
         from vlastack.sim.metaworld import LEROBOT_IMAGE_SIZE, LEROBOT_MAX_STEPS, MetaWorldEnv
 

@@ -10,8 +10,9 @@ which uses small seeds); ``per_task``, every task runs ``episodes`` episodes wit
 as ``lerobot-eval`` does (its seed is 1000). A checkpoint trained on generated data carries the
 (task, seed) pairs behind it (``train_seeds.json``): scoring it on any of them is refused.
 Meta-World results also get LeRobot's difficulty groups (``groups``: success pooled over each
-group's episodes, as lerobot-eval; ``group_average``: the mean of the four, the SmolVLA table's). Workers are
-spawned processes; each builds its own policy from the picklable spec (see ``policies.py``) so no
+group's episodes, as lerobot-eval; ``group_average``: the mean of the four, the SmolVLA table's).
+
+Workers are spawned processes; each builds its own policy from the picklable spec (see ``policies.py``) so no
 model is ever pickled. A worker that dies is reported (``EvalWorkerError``) instead of hanging the
 run; a policy that returns a bad chunk stops the run with a ``PolicyOutputError`` naming it.
 
@@ -201,7 +202,8 @@ def evaluate(
     Returns the ``eval.json`` dict: per-task and overall success with Wilson 95% CIs, the episode
     list and timing. With ``out_dir`` also writes eval.json, eval.png and up to ``videos`` mp4s
     (one per task when ``videos`` covers the tasks, else half successes, half failures).
-    ``cameras``: default the checkpoint's ``model.camera_names``, else the suite's.
+    ``cameras``: default the checkpoint's ``model.camera_names``, else the suite's; ``()`` renders
+    nothing (the scripted expert reads the state: Meta-World's expert check runs 50x faster).
     """
     from vlastack.sim.env import suite_tasks
 
@@ -219,7 +221,7 @@ def evaluate(
             "a policy object cannot be sent to worker processes; pass a spec ('random', 'expert', a "
             "checkpoint path or a picklable factory) or use num_workers=0"
         )
-    cameras = tuple(cameras) if cameras else _policy_cameras(policy_factory, cfg.suite)
+    cameras = tuple(cameras) if cameras is not None else _policy_cameras(policy_factory, cfg.suite)
     env_kw = {"image_size": cfg.image_size, "cameras": cameras, "suite": cfg.suite,
               "render_quality": cfg.render_quality, "max_steps": cfg.max_steps}  # fmt: skip
     run_kw = {
@@ -297,7 +299,7 @@ def check_train_overlap(spec: Any, suite: str, pairs: list[tuple[str, int]]) -> 
 
     Returns what eval.json records about the training seeds (None when the policy carries none:
     baselines, or data not made by ``vla data generate``)."""
-    from vlastack.train.checkpoint import TRAIN_SEEDS, train_seeds
+    from vlastack.data.format import TRAIN_SEEDS, train_seeds
 
     folder = _checkpoint_dir(spec)
     if folder is None:

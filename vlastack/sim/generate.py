@@ -167,11 +167,16 @@ def generate(
     settle: int = 0,
     episodes_per_task: int | None = None,
     render_quality: str = "lerobot",
+    resumable: bool = True,
 ) -> dict[str, Any]:
     """Write successful expert demos to a LeRobot v3 dataset at ``out``; returns a report.
 
     ``episodes`` in total (round-robin over ``tasks``), or ``episodes_per_task`` for every task,
     written task by task. ``image_size``/``cameras`` default to the suite's (``make_env``).
+    ``resumable`` (per-task mode): each task is first written as its own finished dataset under
+    ``<out>.parts/`` (lossless video), so an interrupted run re-run with the same arguments skips
+    the finished tasks; the parts are then merged into ``out`` (the same frames and values as an
+    uninterrupted run) and removed.
     ``progress``: show a live bar (episodes/s, ETA, the expert's success so far); ``settle``: see
     ``rollout_expert``."""
     from vlastack.data.lerobot import LeRobotWriter
@@ -203,6 +208,11 @@ def generate(
     fps = int(probe.metadata.get("render_fps", 10))
     probe.close()
     features = _episode_features(suite, cameras, image_size, state_dim, action_dim)
+    if episodes_per_task and resumable:
+        kw = {"suite": suite, "episodes_per_task": episodes_per_task, "workers": workers, "image_size": image_size,
+              "cameras": cameras, "noise": noise, "seed": seed, "progress": progress, "settle": settle,
+              "render_quality": render_quality}  # fmt: skip
+        return _generate_by_parts(Path(out), names, kw, video_quality, overwrite)
     writer = LeRobotWriter(
         out,
         fps=fps,
@@ -304,3 +314,86 @@ def generate(
         json.dumps({**report, "episode_info": meta}, indent=1)
     )
     return report
+
+
+PARTS_SUFFIX = ".parts"
+
+
+def _generate_by_parts(
+    out: Path, names: tuple[str, ...], kw: dict, video_quality: str, overwrite: bool
+) -> dict:
+    """Per-task mode, resumable: one finished dataset per task under ``<out>.parts``, then a merge.
+
+    Parts keep exact frames (lossless video), so the merge re-encodes exactly what was rendered and
+    the result does not depend on where a run was interrupted."""
+    if out.exists() and not overwrite:
+        raise ValueError(f"{out}: already exists (pass overwrite=True to replace it)")
+    parts = out.with_name(out.name + PARTS_SUFFIX)
+    # What decides the content (not workers or the progress bar): a resumed run must match it.
+    settings = {k: v for k, v in kw.items() if k not in ("workers", "progress")}
+    settings.update(cameras=list(kw["cameras"]), tasks=list(names))
+    stamp = parts / "settings.json"
+    if parts.exists() and (not stamp.exists() or json.loads(stamp.read_text()) != settings):
+        if not overwrite:
+            raise ValueError(
+                f"{parts}: holds parts of a generation with other settings; pass overwrite=True to discard them"
+            )
+        import shutil
+
+        shutil.rmtree(parts)
+    parts.mkdir(parents=True, exist_ok=True)
+    stamp.write_text(json.dumps(settings))
+    t0 = time.perf_counter()
+    reports = []
+    for i, t in enumerate(names):
+        part = parts / t
+        if (part / "meta" / "vlastack_sim.json").is_file():  # finished before an interruption
+            reports.append(json.loads((part / "meta" / "vlastack_sim.json").read_text()))
+            continue
+        if kw["progress"]:
+            print(f"task {i + 1}/{len(names)}: {t}", flush=True)
+        generate(part, tasks=(t,), video_quality="lossless", overwrite=True, resumable=False, **kw)
+        reports.append(json.loads((part / "meta" / "vlastack_sim.json").read_text()))
+    _merge_parts([parts / t for t in names], out, video_quality, overwrite)
+    report = {**reports[0], "tasks": list(names), "video_quality": video_quality,
+              "episodes": sum(r["episodes"] for r in reports), "attempts": sum(r["attempts"] for r in reports),
+              "frames": sum(r["frames"] for r in reports), "wall_s": time.perf_counter() - t0,
+              "expert_success": {t: r["expert_success"][t] for t, r in zip(names, reports)}}  # fmt: skip
+    info, k = [], 0
+    for r in reports:
+        for e in r["episode_info"]:
+            info.append({**e, "episode_index": k})
+            k += 1
+    (out / "meta" / "vlastack_sim.json").write_text(json.dumps({**report, "episode_info": info}, indent=1))
+    import shutil
+
+    shutil.rmtree(parts)
+    return {k: v for k, v in report.items() if k != "episode_info"}
+
+
+def _merge_parts(parts: list[Path], out: Path, video_quality: str, overwrite: bool) -> None:
+    """Concatenate finished per-task datasets (same features) into one, episode by episode."""
+    from vlastack.data.lerobot import LeRobotWriter
+    from vlastack.data.reader import LeRobotDataset
+
+    info = json.loads((parts[0] / "meta" / "info.json").read_text())
+    features = {k: {kk: v for kk, v in f.items() if kk != "info"} for k, f in info["features"].items()}
+    pix_fmt, crf = VIDEO_QUALITY[video_quality]
+    writer = LeRobotWriter(out, fps=info["fps"], features=features, robot_type=info["robot_type"],
+                           overwrite=overwrite, video_pix_fmt=pix_fmt, video_crf=crf)  # fmt: skip
+    try:
+        for part in parts:
+            ds = LeRobotDataset(part)
+            keys = [k for k in writer.features if k not in ds.camera_keys]
+            for k in range(ds.num_episodes):
+                start, end = ds.episode_range(k)
+                data = {
+                    key: np.stack([ds.image(key, i) for i in range(start, end)]) for key in ds.camera_keys
+                }
+                data.update({key: np.asarray(ds.columns[key][start:end]) for key in keys})
+                writer.add_episode(data, task=ds.tasks[int(ds.columns["task_index"][start])])
+            ds.close()
+        writer.finalize()
+    except BaseException:
+        writer.abort()
+        raise

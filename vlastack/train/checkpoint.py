@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from vlastack.config import Config, load_yaml, save_yaml, to_dict
+from vlastack.data.format import TRAIN_SEEDS, train_seeds
 from vlastack.data.stats import NORM_STATS
 from vlastack.train.state import atomic_write_text, fsync_file, fsync_tree
 
@@ -81,21 +82,6 @@ def write_common(folder: Path, cfg: Config, normalizer: Any, data_root: str | Pa
     seeds = train_seeds(data_root or cfg.data.path)
     if seeds is not None:
         atomic_write_text(folder / TRAIN_SEEDS, json.dumps(seeds))
-
-
-TRAIN_SEEDS = "train_seeds.json"
-
-
-def train_seeds(data_path: str | Path) -> dict | None:
-    """{"dataset", "suite", "episodes": [[task, seed], ...]} from a generated dataset's
-    ``meta/vlastack_sim.json`` (None for other data). ``vla eval`` refuses to score a policy on
-    these layouts."""
-    meta = Path(data_path) / "meta" / "vlastack_sim.json" if data_path else None
-    if meta is None or not meta.is_file():
-        return None
-    info = json.loads(meta.read_text())
-    pairs = [[e["task"], int(e["seed"])] for e in info.get("episode_info", [])]
-    return {"dataset": str(Path(data_path).resolve()), "suite": info.get("suite"), "episodes": pairs}
 
 
 def commit(run_dir: str | Path, step: int, keep_last: int) -> Path:

@@ -1,0 +1,796 @@
+"""LeRobot 0.6.1's own ACT and Diffusion Policy on our Meta-World MT10 data, under a measured CPU budget.
+
+The LeRobot side of docs/metaworld.md: LeRobot's policies, trained by LeRobot's own training script
+(``lerobot.scripts.lerobot_train``, the ``lerobot-train`` entry point) on the dataset that
+``vla data generate`` wrote, scored by LeRobot's own ``lerobot-eval`` on the same seeds as vlastack
+(episode j of every task: seed 1000 + j), and recorded beside vlastack's row in
+bench/results/metaworld.json. This file imports nothing outside the standard library: it runs under
+any Python (ours or the LeRobot venv's) and starts LeRobot in the LeRobot venv as a subprocess
+(``--lerobot-python``, default ``$LEROBOT_PYTHON`` or /work/lrvenv/bin/python).
+
+    # ACT, 3 CPU-hours (vlastack's MT10 recipe is planned for ~3; pass the CPU-hours that vlastack's
+    # row in bench/results/metaworld.json measured): a 40-step probe measures the CPU seconds of one
+    # step, the run gets as many steps as fit in 95% of the budget, a watchdog stops it at the budget
+    .venv/bin/python bench/lerobot_metaworld.py train --policy act --data /tmp/mw/mt10 --run runs/lr_act --cpu-hours 3
+    .venv/bin/python bench/lerobot_metaworld.py eval --run runs/lr_act --tasks MT10 --episodes-per-task 50 --seed 1000
+    .venv/bin/python bench/metaworld.py record --suite mt10 --policy lerobot_act \\
+        --eval-json runs/lr_act/eval/eval.json --cpu-hours <the CPU-h that train printed>
+
+    # Diffusion Policy, the same budget
+    .venv/bin/python bench/lerobot_metaworld.py train --policy diffusion --data /tmp/mw/mt10 --run runs/lr_dp --cpu-hours 3
+    .venv/bin/python bench/lerobot_metaworld.py eval --run runs/lr_dp --tasks MT10 --episodes-per-task 50 --seed 1000
+    .venv/bin/python bench/metaworld.py record --suite mt10 --policy lerobot_diffusion \\
+        --eval-json runs/lr_dp/eval/eval.json --cpu-hours <the CPU-h that train printed>
+
+``train`` runs again with the same arguments after an interruption: it resumes LeRobot's last
+checkpoint (``--resume=true --config_path=.../train_config.json``) with the planned total steps,
+and the budget left. ``--steps N`` skips the probe. Extra LeRobot flags go after ``--`` (e.g.
+``-- --batch_size=16``) and are recorded as non-default settings. ``convert`` turns an existing
+``eval_info.json`` into our eval.json without running anything.
+
+Run folder: ``lerobot/`` (LeRobot's ``--output_dir``: checkpoints/last/pretrained_model is the policy
+that ``eval`` scores), ``cpu_ledger.json`` (one row per training segment: CPU seconds, wall, rc, the
+exact command line), ``probe.json`` (the probe's command, CPU and per-step fit; not counted in the
+run's CPU-hours), ``plan.json`` (steps, checkpoint period, budget), ``run.json`` (versions, LeRobot's
+config, every non-default setting and why), ``train_log.txt``, and ``eval/`` (lerobot-eval's
+``eval_info.json`` under eval/lerobot and our ``eval.json``).
+
+CPU time is measured, as bench/metaworld.py does: ``resource.getrusage(RUSAGE_CHILDREN)`` (user +
+system) around the LeRobot process, which includes its data-loader workers once they are joined.
+The watchdog also sums /proc for the live process tree (every 2 s) to stop at the budget; a segment
+records the larger of the two figures, so a worker that dies unjoined is still counted.
+
+Settings: LeRobot 0.6.1's defaults for each policy (ACT: batch 8, chunk 100, n_action_steps 100,
+lr 1e-5, ResNet18 with frozen batch norm, VAE; Diffusion: batch 8, n_obs_steps 2, horizon 64,
+n_action_steps 32, DDPM 100 steps, Adam 1e-4 with cosine schedule and 500 warm-up steps; both:
+4 data-loader workers, ``spawn``, no image augmentation, ImageNet image statistics, seed 1000, the
+480 px frames as they are) except what ``NON_DEFAULT`` below lists with its reason. ACT cannot be
+made to see smaller frames: its config has no resize or crop field, LeRobot's dataset
+``image_transforms`` are random training augmentations (a random subset per frame, off at
+evaluation), not a resize, and lerobot-eval's MetaworldEnv renders 480x480. Diffusion has
+``resize_shape`` (default None); ``--resize 128`` (off by default, then listed as non-default) trains
+and evaluates it at vlastack's 128 px.
+
+Known, before any run:
+- the dataset's ``observation.environment_state`` (Meta-World's 39-d full state) would become a
+  policy input by default, but LeRobot's MetaworldEnv does not return it, so lerobot-eval would fail;
+  the inputs are pinned to the image and the 4-d state (what vlastack's policy reads, too).
+- ACT and Diffusion Policy take no language: on MT10 they must tell the task from the image.
+- ACT's default executes all 100 actions of a chunk open-loop; our expert episodes last 46-76 steps,
+  so an episode is nearly one chunk. ``eval ... -- --policy.n_action_steps=K`` changes that at
+  evaluation (a non-default, recorded).
+- ACT's backbone uses FrozenBatchNorm2d (LeRobot's choice, made for ImageNet weights); from scratch
+  its batch norms stay identity.
+- frames: our data uses ``render_quality=fast`` (no multisampling, 1024 px shadows), lerobot-eval
+  renders with Meta-World's settings (docs/metaworld.md measured 0.16/255 mean difference at 64 px;
+  at 480 px, which these policies see, it is larger at edges). Our data was made with Meta-World
+  3.1.1, the LeRobot venv has 3.0.0: the layouts drawn from a seed are assumed equal, not checked here.
+- lerobot-eval renders up to 10 videos per task (fixed in lerobot_eval.eval_main); the Diffusion
+  policy denoises 100 DDPM steps per 32 actions on the CPU, so its evaluation is slow (not budgeted).
+- torchcodec is not installed in the LeRobot venv: LeRobot falls back to PyAV for video decoding.
+- ``pip install lerobot`` alone lacks what these need: lerobot-train needs accelerate (extra
+  ``training``), Diffusion Policy needs diffusers (extra ``diffusion``); ``train`` checks and says
+  what to install. /work/lrvenv got accelerate 1.15.0, diffusers 0.39.0 (LeRobot pins >=0.38,<0.40),
+  psutil, importlib_metadata and lazy-importer on 2026-11-25. Its torch 2.13 / torchvision 0.28 are
+  newer than lerobot 0.6.1 declares (<2.12 / <0.27): untested by LeRobot.
+- the training seed is LeRobot's default ``seed=1000`` (model init, data order); it is unrelated to
+  the evaluation seeds 1000 + j, which only place Meta-World's objects.
+- the checkpoint period is steps / 8; older checkpoints are deleted as newer ones land (Diffusion's
+  U-Net, down_dims 512/1024/2048, makes GB-sized checkpoints with its Adam state);
+  ``--keep-checkpoints`` keeps them.
+
+Unknown until run: the CPU seconds per step (hence the steps that 3 CPU-hours buy: 480 px ResNet18
+forward and backward on 2 cores, plus PyAV decoding), whether the probe's fit holds for the whole run
+(the watchdog is the hard stop; the last periodic checkpoint is then the one evaluated), and whether
+MUJOCO_GL=egl works for lerobot-eval here (``eval`` probes egl, then osmesa, when it is unset).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime
+import json
+import math
+import os
+import platform
+import re
+import resource
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+LEROBOT_PYTHON = os.environ.get("LEROBOT_PYTHON", "/work/lrvenv/bin/python")
+TRAIN_MODULE = "lerobot.scripts.lerobot_train"  # console script lerobot-train in 0.6.1
+EVAL_MODULE = "lerobot.scripts.lerobot_eval"  # console script lerobot-eval in 0.6.1
+# Meta-World's MT10, in Meta-World's order (vlastack/sim/metaworld_tasks.py MT10).
+MT10 = ("reach-v3", "push-v3", "pick-place-v3", "door-open-v3", "drawer-open-v3", "drawer-close-v3",
+        "button-press-topdown-v3", "peg-insert-side-v3", "window-open-v3", "window-close-v3")  # fmt: skip
+LEDGER, PLAN, PROBE, RUN_INFO, LOG = "cpu_ledger.json", "plan.json", "probe.json", "run.json", "train_log.txt"
+OUT = "lerobot"  # LeRobot's --output_dir inside the run folder
+LAST = Path("checkpoints") / "last"
+OFFLINE_ENV = {
+    "HF_HUB_OFFLINE": "1",
+    "HF_DATASETS_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+    "HF_HUB_DISABLE_TELEMETRY": "1",
+    "WANDB_MODE": "disabled",
+}
+VERSIONS = (
+    "lerobot",
+    "torch",
+    "torchvision",
+    "metaworld",
+    "mujoco",
+    "accelerate",
+    "diffusers",
+    "av",
+    "draccus",
+)
+REQUIRED = {
+    "act": ("accelerate",),
+    "diffusion": ("accelerate", "diffusers"),
+}  # not pulled by `pip install lerobot`
+
+# What differs from LeRobot 0.6.1's defaults, and why. Flags that only name things (output_dir,
+# job_name, dataset.repo_id/root) are not listed.
+NON_DEFAULT = {
+    "policy.pretrained_backbone_weights": (
+        None,
+        "default ResNet18_Weights.IMAGENET1K_V1 is downloaded at run time; nothing can be downloaded, "
+        "and the comparison is from scratch",
+    ),
+    "policy.device": ("cpu", "the benchmark is a 2-core CPU; the default picks an accelerator if present"),
+    "policy.push_to_hub": (False, "offline; the default (true) also demands a policy.repo_id"),
+    "policy.input_features": (
+        "observation.image + observation.state",
+        "by default every observation.* key becomes an input, including observation.environment_state "
+        "(39-d privileged sim state) that LeRobot's MetaworldEnv does not return at evaluation",
+    ),
+    "steps": ("from the CPU budget", "default 100000; the run gets what fits in --cpu-hours"),
+    "save_freq": (
+        "steps / --checkpoints",
+        "default 20000; a few checkpoints to resume and to stop at the budget",
+    ),
+    "log_freq": ("50 (probe: 5)", "logging only: the probe reads CPU time at each logged step"),
+    "env_eval_freq": (
+        0,
+        "no evaluation during training (no env configured either); lerobot-eval scores after",
+    ),
+    "wandb.enable": (False, "already the default; offline"),
+}
+
+
+# --------------------------------------------------------------------------------------------- helpers
+
+
+def now() -> str:
+    return datetime.datetime.now().isoformat(timespec="seconds")
+
+
+def read_json(path: Path, default=None):
+    return json.loads(path.read_text()) if path.exists() else default
+
+
+def write_json(path: Path, data) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(data, indent=1, default=str) + "\n")
+    tmp.replace(path)
+
+
+def machine() -> dict:
+    info = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
+    model = next((ln.split(":", 1)[1].strip() for ln in info.splitlines() if ln.startswith("model name")), "")
+    flags = next((ln.split(":", 1)[1].split() for ln in info.splitlines() if ln.startswith("flags")), [])
+    return {
+        "cpu": model or platform.processor(),
+        "cpu_flags": sorted(f for f in flags if f.startswith(("avx", "amx", "fma"))),
+        "cores": len([ln for ln in info.splitlines() if ln.startswith("processor")]),
+        "date": datetime.date.today().isoformat(),
+    }
+
+
+def lerobot_env(extra: dict | None = None) -> dict:
+    return {**os.environ, **OFFLINE_ENV, **(extra or {})}
+
+
+def lerobot_query(py: str, code: str) -> str:
+    """Run a few lines in the LeRobot venv without importing torch (cheap)."""
+    return subprocess.run(
+        [py, "-c", code], capture_output=True, text=True, check=True, env=lerobot_env()
+    ).stdout
+
+
+def versions(py: str) -> dict:
+    code = (
+        "import json, importlib.metadata as m\n"
+        f"names = {list(VERSIONS)!r}\n"
+        "out = {}\n"
+        "for n in names:\n"
+        "    try: out[n] = m.version(n)\n"
+        "    except m.PackageNotFoundError: out[n] = None\n"
+        "import sys; out['python'] = sys.version.split()[0]\n"
+        "print(json.dumps(out))\n"
+    )
+    return json.loads(lerobot_query(py, code))
+
+
+def check_requirements(py: str, policy: str) -> dict:
+    v = versions(py)
+    if not v.get("lerobot"):
+        sys.exit(f"lerobot is not installed for {py} (set --lerobot-python or $LEROBOT_PYTHON)")
+    missing = [p for p in REQUIRED[policy] if not v.get(p)]
+    if missing:
+        sys.exit(
+            f"{py} lacks {missing}: lerobot-train needs accelerate and the Diffusion policy diffusers "
+            f"(LeRobot's extras 'training' / 'diffusion'). Install: {Path(py).parent}/pip install "
+            "'accelerate>=1.14,<2' 'diffusers>=0.38,<0.40'"
+        )
+    return v
+
+
+def proc_tree_cpu_s(root: int) -> float:
+    """user + system CPU seconds of ``root`` and its live descendants, including the children they
+    have already reaped (cutime/cstime): each process is counted once."""
+    tick = os.sysconf("SC_CLK_TCK")
+    stats: dict[int, tuple[int, float]] = {}
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            raw = Path(f"/proc/{d}/stat").read_text()
+        except OSError:
+            continue
+        f = raw[raw.rindex(")") + 2 :].split()  # fields from 3 (state) on; comm may hold spaces
+        stats[int(d)] = (int(f[1]), sum(int(x) for x in f[11:15]) / tick)  # ppid; utime stime cutime cstime
+    kids: dict[int, list[int]] = {}
+    for pid, (ppid, _) in stats.items():
+        kids.setdefault(ppid, []).append(pid)
+    total, todo = 0.0, [root]
+    while todo:
+        pid = todo.pop()
+        if pid in stats:
+            total += stats[pid][1]
+            todo.extend(kids.get(pid, []))
+    return total
+
+
+def ckpt_step(ckpt: Path) -> int | None:
+    """The step a LeRobot checkpoint folder (checkpoints/<step> or checkpoints/last) holds."""
+    st = read_json(ckpt / "training_state" / "training_step.json")
+    return int(st["step"]) if st else None
+
+
+def prune_checkpoints(out: Path) -> None:
+    """Keep the checkpoint that checkpoints/last points to; delete older numbered ones (a finished
+    save is the one `last` points to, so a checkpoint being written is never touched)."""
+    last = out / LAST
+    if not last.is_symlink():
+        return
+    keep = last.resolve()
+    for d in (out / "checkpoints").iterdir():
+        old = d.is_dir() and not d.is_symlink() and d.name.isdigit() and d.resolve() != keep
+        if old and int(d.name) < int(keep.name):
+            shutil.rmtree(d, ignore_errors=True)
+
+
+STEP_RE = re.compile(rb"\bstep:(\d+(?:\.\d+)?)([KMBTQ]?) smpl:")
+
+
+class Segment:
+    """One run of a LeRobot script: tees its output to a log, reads CPU time at each logged training
+    step, stops it when ``budget_s`` (CPU seconds of this segment) is spent."""
+
+    def __init__(self, cmd: list[str], log: Path, budget_s: float | None = None, out: Path | None = None,
+                 prune: bool = False, env: dict | None = None, on_tick=None) -> None:  # fmt: skip
+        self.cmd, self.log, self.budget_s, self.out, self.prune = cmd, log, budget_s, out, prune
+        self.on_tick = on_tick  # called about once a minute with (started, wall s, tree CPU s)
+        self.env = env or lerobot_env()
+        self.points: list[tuple[int, float, float]] = []  # (step, tree CPU s, wall s) at each log line
+        self.tree_cpu, self.stopped_at_budget, self.interrupted = 0.0, False, False
+
+    def _reader(self, proc: subprocess.Popen, t0: float) -> None:
+        buf = b""
+        with self.log.open("ab") as logf:
+            while chunk := os.read(proc.stdout.fileno(), 65536):
+                logf.write(chunk)
+                logf.flush()
+                buf += chunk
+                *lines, buf = buf.split(b"\n")
+                for line in lines:
+                    line = line.split(b"\r")[-1]  # tqdm redraws: show the last one
+                    sys.stdout.buffer.write(line + b"\n")
+                    m = STEP_RE.search(line)
+                    if m:
+                        k = {b"": 1, b"K": 1e3, b"M": 1e6, b"B": 1e9, b"T": 1e12, b"Q": 1e15}[m.group(2)]
+                        cpu = proc_tree_cpu_s(proc.pid)
+                        self.points.append((round(float(m.group(1)) * k), cpu, time.time() - t0))
+                sys.stdout.flush()
+
+    def _stop(self, proc: subprocess.Popen) -> None:
+        """SIGINT to LeRobot's main process (it unwinds and joins its loader workers), then SIGTERM and
+        SIGKILL to its process group if it does not end."""
+        for sig, wait_s, group in (
+            (signal.SIGINT, 120, False),
+            (signal.SIGTERM, 30, True),
+            (signal.SIGKILL, 30, True),
+        ):
+            try:
+                os.killpg(proc.pid, sig) if group else os.kill(proc.pid, sig)
+            except ProcessLookupError:
+                return
+            try:
+                proc.wait(timeout=wait_s)
+                return
+            except subprocess.TimeoutExpired:
+                continue
+
+    def run(self) -> dict:
+        self.log.parent.mkdir(parents=True, exist_ok=True)
+        with self.log.open("ab") as f:
+            f.write(f"\n### {now()} $ {shlex.join(self.cmd)}\n".encode())
+        print("$", shlex.join(self.cmd), flush=True)
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
+        t0 = time.time()
+        proc = subprocess.Popen(self.cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=self.env,
+                                start_new_session=True)  # fmt: skip
+        reader = threading.Thread(target=self._reader, args=(proc, t0), daemon=True)
+        reader.start()
+        started = datetime.datetime.fromtimestamp(t0).isoformat(timespec="seconds")
+        last_tick = t0
+        try:
+            while proc.poll() is None:
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    proc.wait(timeout=2)
+                if proc.poll() is not None:
+                    break
+                self.tree_cpu = max(self.tree_cpu, proc_tree_cpu_s(proc.pid))
+                if self.prune and self.out is not None:
+                    prune_checkpoints(self.out)
+                if self.on_tick is not None and time.time() - last_tick >= 60:
+                    last_tick = time.time()
+                    self.on_tick(started, last_tick - t0, self.tree_cpu)
+                if self.budget_s is not None and self.tree_cpu >= self.budget_s:
+                    print(
+                        f"CPU budget reached ({self.tree_cpu / 3600:.3f} CPU-h this segment): stopping",
+                        flush=True,
+                    )
+                    self.stopped_at_budget = True
+                    self._stop(proc)
+        except KeyboardInterrupt:
+            print("interrupted: stopping LeRobot (the segment is still recorded)", flush=True)
+            self.interrupted = True
+            self._stop(proc)
+        rc = proc.wait()
+        reader.join(timeout=30)
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        rusage = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+        if self.prune and self.out is not None:
+            prune_checkpoints(self.out)
+        return {
+            "started": started,
+            "rc": rc,
+            "wall_s": round(time.time() - t0, 1),
+            "cpu_s": round(max(rusage, self.tree_cpu), 1),
+            "cpu_s_rusage": round(rusage, 1),
+            "cpu_s_proc_tree": round(self.tree_cpu, 1),
+            "stopped_at_budget": self.stopped_at_budget,
+            "interrupted": self.interrupted,
+            "argv": self.cmd,
+            "machine": machine(),
+        }
+
+
+# --------------------------------------------------------------------------------------------- train
+
+
+def data_features(data: Path) -> dict:
+    """--policy.input_features: the camera(s) and the robot state, channel-first as LeRobot wants."""
+    feats = read_json(data / "meta" / "info.json")["features"]
+    out = {}
+    for key, ft in feats.items():
+        if ft["dtype"] in ("image", "video"):
+            h, w, c = ft["shape"]
+            out[key] = {"type": "VISUAL", "shape": [c, h, w]}
+        elif key == "observation.state":
+            out[key] = {"type": "STATE", "shape": list(ft["shape"])}
+    if not any(v["type"] == "VISUAL" for v in out.values()) or "observation.state" not in out:
+        sys.exit(f"{data}: expected an image/video feature and observation.state in meta/info.json")
+    return out
+
+
+def fresh_args(args: argparse.Namespace, out: Path, steps: int, save_freq: int, log_freq: int,
+               save: bool = True) -> list[str]:  # fmt: skip
+    a = [
+        f"--policy.type={args.policy}",
+        "--policy.device=cpu",
+        "--policy.push_to_hub=false",
+        "--policy.pretrained_backbone_weights=null",
+        "--policy.input_features=" + json.dumps(data_features(Path(args.data)), separators=(",", ":")),
+        f"--dataset.repo_id={args.repo_id}",
+        f"--dataset.root={Path(args.data).resolve()}",
+        f"--output_dir={out.resolve()}",
+        f"--job_name=metaworld_{args.policy}",
+        f"--steps={steps}",
+        f"--save_freq={save_freq}",
+        f"--log_freq={log_freq}",
+        "--env_eval_freq=0",
+        "--wandb.enable=false",
+    ]
+    if args.resize:
+        a.append(f"--policy.resize_shape=[{args.resize},{args.resize}]")
+    if not save:
+        a.append("--save_checkpoint=false")
+    return a + list(args.extra)
+
+
+def resume_args(out: Path, steps: int, save_freq: int, log_freq: int) -> list[str]:
+    cfg = (out / LAST / "pretrained_model" / "train_config.json").resolve()
+    return ["--resume=true", f"--config_path={cfg}", f"--steps={steps}", f"--save_freq={save_freq}",
+            f"--log_freq={log_freq}"]  # fmt: skip
+
+
+def fit_per_step(points: list[tuple[int, float, float]], total_cpu: float, steps: int) -> dict:
+    """Least squares CPU = startup + per_step * step over the logged steps, the first one left out
+    (warm-up, loader workers filling their queues). Falls back to total / steps (an overestimate)."""
+    pts = [(s, c) for s, c, _ in points if s > 0][1:]
+    if len(pts) >= 2 and pts[-1][0] > pts[0][0]:
+        n = len(pts)
+        mx, my = sum(s for s, _ in pts) / n, sum(c for _, c in pts) / n
+        sxx = sum((s - mx) ** 2 for s, _ in pts)
+        slope = sum((s - mx) * (c - my) for s, c in pts) / sxx
+        if slope > 0:
+            return {
+                "per_step_s": slope,
+                "startup_s": max(0.0, my - slope * mx),
+                "method": "fit",
+                "points": pts,
+            }
+    return {"per_step_s": total_cpu / max(1, steps), "startup_s": 0.0, "method": "total/steps", "points": pts}
+
+
+def cmd_train(args: argparse.Namespace) -> None:
+    run = Path(args.run)
+    out = run / OUT
+    py = args.lerobot_python
+    vers = check_requirements(py, args.policy)
+    budget_s = args.cpu_hours * 3600
+    ledger = read_json(run / LEDGER, [])
+    plan = read_json(run / PLAN)
+    used = sum(r["cpu_s"] for r in ledger)
+    base = [py, "-m", TRAIN_MODULE]
+
+    if plan and plan["policy"] != args.policy:
+        sys.exit(f"{run} holds a {plan['policy']} run; use another --run")
+    if plan is None:
+        if out.exists():
+            sys.exit(f"{out} exists without {run / PLAN}: not a run of this script; use another --run")
+        steps = args.steps
+        probe = None
+        if steps is None:  # measure CPU seconds per step, then fit the run in the budget
+            pdir = run / "probe"
+            shutil.rmtree(pdir, ignore_errors=True)
+            pargs = fresh_args(args, pdir / OUT, args.probe_steps, args.probe_steps, 5, save=False)
+            seg = Segment(base + pargs, run / "probe_log.txt")
+            row = seg.run()
+            if row["rc"] != 0:
+                write_json(run / PROBE, {**row, "points": seg.points})
+                sys.exit(f"probe failed (rc {row['rc']}); see {run / 'probe_log.txt'}")
+            fit = fit_per_step(seg.points, row["cpu_s"], args.probe_steps)
+            left = budget_s * (1 - args.margin) - fit["startup_s"]
+            steps = int(left // fit["per_step_s"])
+            probe = {**row, **fit, "probe_steps": args.probe_steps, "planned_steps": steps}
+            write_json(run / PROBE, probe)
+            shutil.rmtree(pdir, ignore_errors=True)
+            print(f"probe: {fit['per_step_s']:.2f} CPU-s/step, startup {fit['startup_s']:.0f} CPU-s "
+                  f"({fit['method']}) -> {steps} steps in {args.cpu_hours} CPU-h", flush=True)  # fmt: skip
+            if steps < 1:
+                sys.exit("the budget does not buy one step")
+        save_freq = max(1, math.ceil(steps / args.checkpoints))
+        plan = {"policy": args.policy, "data": str(Path(args.data).resolve()), "steps": steps,
+                "save_freq": save_freq, "log_freq": 50, "cpu_hours_budget": args.cpu_hours,
+                "from_probe": probe is not None, "resize": args.resize, "extra": list(args.extra),
+                "created": now()}  # fmt: skip
+        write_json(run / PLAN, plan)
+    else:
+        if args.cpu_hours != plan["cpu_hours_budget"]:
+            print(
+                f"note: budget {args.cpu_hours} CPU-h given; the plan was made for {plan['cpu_hours_budget']}"
+            )
+        if (args.resize, list(args.extra)) != (plan["resize"], plan["extra"]):
+            print(
+                f"note: continuing with the plan's settings: --resize {plan['resize']}, extra {plan['extra']}"
+            )
+        args.resize, args.extra = plan["resize"], list(plan["extra"])
+    # A row left by a segment whose supervisor died (no final row): its CPU stays counted.
+    ledger = [dict(r, in_progress=False, supervisor_died=True) if r.get("in_progress") else r for r in ledger]
+    used = sum(r["cpu_s"] for r in ledger)
+
+    steps, save_freq, log_freq = plan["steps"], plan["save_freq"], plan["log_freq"]
+    done = ckpt_step(out / LAST) if (out / LAST).exists() else None
+    if done is not None and done >= steps:
+        print(f"{run}: finished ({done}/{steps} steps); run total {used / 3600:.3f} CPU-h")
+        return finish(run, args, vers, plan, ledger)
+    if (ledger and ledger[-1].get("stopped_at_budget")) or used >= budget_s:
+        print(f"{run}: CPU budget spent ({used / 3600:.3f} CPU-h) at step {done}; nothing to do")
+        return finish(run, args, vers, plan, ledger)
+    if done is not None:
+        largs = resume_args(out, steps, save_freq, log_freq)
+    else:
+        if out.exists():  # a segment died before its first checkpoint: start over (its CPU stays counted)
+            failed = run / f"{OUT}.failed-{datetime.datetime.now():%Y%m%d-%H%M%S}"
+            out.rename(failed)
+            print(f"no checkpoint in {out}: moved to {failed}, starting again")
+        largs = fresh_args(args, out, steps, save_freq, log_freq)
+
+    def tick(started: str, wall_s: float, cpu_s: float) -> None:
+        write_json(run / LEDGER, [*ledger, {"started": started, "rc": None, "wall_s": round(wall_s, 1),
+                                            "cpu_s": round(cpu_s, 1), "in_progress": True,
+                                            "argv": base + largs}])  # fmt: skip
+
+    seg = Segment(base + largs, run / LOG, budget_s=budget_s - used, out=out, prune=not args.keep_checkpoints,
+                  on_tick=tick)  # fmt: skip
+    row = seg.run()
+    row["step_reached"] = ckpt_step(out / LAST) if (out / LAST).exists() else None
+    ledger.append(row)
+    write_json(run / LEDGER, ledger)
+    total = sum(r["cpu_s"] for r in ledger)
+    print(f"segment: {row['cpu_s'] / 3600:.3f} CPU-h in {row['wall_s'] / 3600:.2f} h, rc {row['rc']}; "
+          f"run total {total / 3600:.3f} CPU-h, checkpoint at step {row['step_reached']}/{steps}")  # fmt: skip
+    finish(run, args, vers, plan, ledger)
+    if row["rc"] != 0 and not row["stopped_at_budget"]:
+        sys.exit(row["rc"] or 1)
+
+
+def finish(run: Path, args: argparse.Namespace, vers: dict, plan: dict, ledger: list[dict]) -> None:
+    """run.json: what was run, with which versions and settings; and the record command."""
+    out = run / OUT
+    cfg_file = out / LAST / "pretrained_model" / "train_config.json"
+    total_h = sum(r["cpu_s"] for r in ledger) / 3600
+    non_default = {k: {"value": v, "why": why} for k, (v, why) in NON_DEFAULT.items()}
+    non_default["steps"]["value"] = plan["steps"]
+    non_default["save_freq"]["value"] = plan["save_freq"]
+    if plan.get("resize"):
+        non_default["policy.resize_shape"] = {
+            "value": [plan["resize"]] * 2,
+            "why": "opt-in (--resize): default None feeds 480 px frames to ResNet18; vlastack's policy sees 128 px",
+        }
+    for e in plan.get("extra", []):
+        non_default[e.split("=", 1)[0].lstrip("-")] = {"value": e.split("=", 1)[-1], "why": "given after --"}
+    info = {
+        "policy": plan["policy"],
+        "data": plan["data"],
+        "plan": plan,
+        "cpu_hours": total_h,
+        "cpu_hours_budget": plan["cpu_hours_budget"],
+        "step_reached": ckpt_step(out / LAST) if (out / LAST).exists() else None,
+        "checkpoint": str((out / LAST / "pretrained_model").resolve()) if (out / LAST).exists() else None,
+        "versions": vers,
+        "train_module": TRAIN_MODULE,
+        "offline_env": OFFLINE_ENV,
+        "commands": [shlex.join(r["argv"]) for r in ledger],
+        "probe": {k: v for k, v in (read_json(run / PROBE) or {}).items() if k != "machine"},
+        "non_default": non_default,
+        "lerobot_train_config": read_json(cfg_file),
+        "segments": [
+            {k: r[k] for k in ("started", "wall_s", "cpu_s", "rc", "stopped_at_budget")} for r in ledger
+        ],
+        "machine": machine(),
+    }
+    write_json(run / RUN_INFO, info)
+    name = f"lerobot_{plan['policy']}"
+    print(f"wrote {run / RUN_INFO}; after eval record with:\n  .venv/bin/python bench/metaworld.py record "
+          f"--suite mt10 --policy {name} --eval-json {run / 'eval' / 'eval.json'} --cpu-hours {total_h:.4f}")  # fmt: skip
+
+
+# --------------------------------------------------------------------------------------------- eval
+
+
+def expand_tasks(spec: str, py: str) -> list[str]:
+    """MT10 (ours), MT50 or LeRobot's difficulty groups (its metaworld_config.json), or task names."""
+    groups: dict[str, list[str]] = {}
+    if any(s.strip() not in ("MT10",) and not s.strip().endswith("-v3") for s in spec.split(",")):
+        where = lerobot_query(
+            py, "import importlib.util as u; print(u.find_spec('lerobot').submodule_search_locations[0])"
+        )
+        groups = json.loads((Path(where.strip()) / "envs" / "metaworld_config.json").read_text())[
+            "DIFFICULTY_TO_TASKS"
+        ]
+    out: list[str] = []
+    for item in (s.strip().replace("metaworld-", "") for s in spec.split(",") if s.strip()):
+        if item.upper() == "MT10":
+            names = list(MT10)
+        elif item.upper() == "MT50":
+            names = [t for g in ("easy", "medium", "hard", "very_hard") for t in groups[g]]
+        else:
+            names = groups.get(item, [item])
+        out += [n for n in names if n not in out]
+    return out
+
+
+def gl_env(py: str) -> dict:
+    """MUJOCO_GL for lerobot-eval: as set, else egl, else osmesa (a one-frame render each)."""
+    if os.environ.get("MUJOCO_GL"):
+        return {}
+    code = "import mujoco; m = mujoco.MjModel.from_xml_string('<mujoco/>'); mujoco.Renderer(m, 8, 8).render()"
+    for name in ("egl", "osmesa"):
+        env = lerobot_env({"MUJOCO_GL": name, "PYOPENGL_PLATFORM": name})
+        if subprocess.run([py, "-c", code], env=env, capture_output=True).returncode == 0:
+            return {"MUJOCO_GL": name, "PYOPENGL_PLATFORM": name}
+    sys.exit("no MuJoCo GL backend works (tried egl, osmesa): set MUJOCO_GL")
+
+
+def wilson(k: int, n: int, z: float = 1.96) -> list[float]:
+    if n == 0:
+        return [0.0, 0.0]
+    p = k / n
+    d = 1 + z * z / n
+    c = (p + z * z / (2 * n)) / d
+    h = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / d
+    return [max(0.0, c - h), min(1.0, c + h)]
+
+
+def convert(info: dict, tasks: list[str], seed: int, n: int, extra_config: dict | None = None) -> dict:
+    """lerobot-eval's eval_info.json -> our eval.json shape (vlastack/sim/evaluate.py summarize).
+
+    eval_info: {"per_task": [{"task_group", "task_id", "metrics": {"successes": [...], "sum_rewards",
+    "max_rewards", "video_paths"}}], "per_group": {...}, "overall": {...}}. With --env.task a comma
+    list of names, each name is its own group with task_id 0. Episode j of every task ran with seed
+    ``seed + j`` (eval_policy: start_seed + batch_ix * batch_size + k); eval_info does not repeat it.
+    """
+    by_task: dict[str, dict] = {}
+    for entry in info["per_task"]:
+        name = entry["task_group"] if entry["task_group"] in tasks else None
+        if name is None:  # a difficulty group: task_id indexes its list
+            raise ValueError(
+                f"unexpected task_group {entry['task_group']!r}; run lerobot-eval with task names"
+            )
+        by_task[name] = entry["metrics"]
+    episodes, per_task = [], {}
+    for t in tasks:
+        m = by_task.get(t)
+        if m is None:
+            raise ValueError(f"{t} missing from eval_info.json")
+        succ = [bool(s) for s in m["successes"]]
+        if len(succ) != n:
+            print(f"warning: {t}: {len(succ)} episodes in eval_info, expected {n}")
+        for j, s in enumerate(succ):
+            episodes.append({"task": t, "seed": seed + j, "success": s, "episode": j,
+                             "sum_reward": m["sum_rewards"][j], "max_reward": m["max_rewards"][j]})  # fmt: skip
+        k = sum(succ)
+        per_task[t] = {"n": len(succ), "successes": k, "success_rate": k / len(succ) if succ else 0.0,
+                       "ci95": wilson(k, len(succ))}  # fmt: skip
+    k_all, n_all = sum(e["success"] for e in episodes), len(episodes)
+    rates = [v["success_rate"] for v in per_task.values() if v["n"]]
+    return {
+        "suite": "metaworld",
+        "tasks": per_task,
+        "overall": {
+            "n": n_all,
+            "successes": k_all,
+            "success_rate": k_all / n_all if n_all else 0.0,
+            "ci95": wilson(k_all, n_all),
+        },
+        "mean_task_success": sum(rates) / len(rates) if rates else 0.0,
+        "lerobot_overall": info.get("overall"),
+        "wall_s": (info.get("overall") or {}).get("eval_s"),
+        "episodes": episodes,
+        "config": {
+            "episodes": n,
+            "seed": seed,
+            "seed_scheme": "per_task",
+            "render_quality": "lerobot",  # lerobot-eval's MetaworldEnv: Meta-World's own render settings
+            "max_steps": 500,  # MetaworldEnv._max_episode_steps
+            "image_size": 480,
+            "evaluator": "lerobot-eval",
+            **(extra_config or {}),
+        },
+    }
+
+
+def cmd_eval(args: argparse.Namespace) -> None:
+    run = Path(args.run)
+    py = args.lerobot_python
+    policy_dir = Path(args.checkpoint) if args.checkpoint else run / OUT / LAST / "pretrained_model"
+    if not (policy_dir / "config.json").exists():
+        sys.exit(f"no LeRobot policy at {policy_dir}")
+    tasks = expand_tasks(args.tasks, py)
+    out = Path(args.out) if args.out else run / "eval"
+    lr_out = out / "lerobot"
+    if lr_out.exists():
+        lr_out.rename(out / f"lerobot.old-{datetime.datetime.now():%Y%m%d-%H%M%S}")
+    cmd = [py, "-m", EVAL_MODULE, f"--policy.path={policy_dir.resolve()}", "--policy.device=cpu",
+           "--env.type=metaworld", f"--env.task={','.join(tasks)}", f"--eval.n_episodes={args.episodes_per_task}",
+           f"--eval.batch_size={args.batch_size}", f"--seed={args.seed}", f"--output_dir={lr_out.resolve()}",
+           *args.extra]  # fmt: skip
+    env = lerobot_env(gl_env(py))
+    row = Segment(cmd, out / "eval_log.txt", env=env).run()
+    if row["rc"] != 0:
+        sys.exit(f"lerobot-eval failed (rc {row['rc']}); see {out / 'eval_log.txt'}")
+    info = json.loads((lr_out / "eval_info.json").read_text())
+    train = read_json(run / RUN_INFO) or {}
+    ev = convert(info, tasks, args.seed, args.episodes_per_task, {
+        "batch_size": args.batch_size, "command": shlex.join(cmd), "mujoco_gl": env.get("MUJOCO_GL"),
+        "policy_path": str(policy_dir.resolve()), "policy": train.get("policy"),
+        "train_steps": train.get("step_reached"), "train_cpu_hours": train.get("cpu_hours"),
+        "versions": versions(py), "eval_cpu_s": row["cpu_s"], "eval_wall_s": row["wall_s"],
+        "extra_eval_args": list(args.extra)})  # fmt: skip
+    ev["policy"] = f"lerobot_{train.get('policy', 'policy')}"
+    write_json(out / "eval.json", ev)
+    print(f"wrote {out / 'eval.json'}: mean task success {ev['mean_task_success']:.1%} "
+          f"over {len(tasks)} tasks x {args.episodes_per_task}")  # fmt: skip
+    if train.get("cpu_hours") is not None:
+        print(f"record: .venv/bin/python bench/metaworld.py record --suite mt10 --policy {ev['policy']} "
+              f"--eval-json {out / 'eval.json'} --cpu-hours {train['cpu_hours']:.4f}")  # fmt: skip
+
+
+def cmd_convert(args: argparse.Namespace) -> None:
+    info = json.loads(Path(args.eval_info).read_text())
+    tasks = expand_tasks(args.tasks, args.lerobot_python)
+    ev = convert(info, tasks, args.seed, args.episodes_per_task)
+    write_json(Path(args.out), ev)
+    print(f"wrote {args.out}: mean task success {ev['mean_task_success']:.1%}")
+
+
+# --------------------------------------------------------------------------------------------- main
+
+
+def split_extra(argv: list[str]) -> tuple[list[str], list[str]]:
+    if "--" in argv:
+        i = argv.index("--")
+        return argv[:i], argv[i + 1 :]
+    return argv, []
+
+
+def main(argv: list[str] | None = None) -> None:
+    ours, extra = split_extra(list(sys.argv[1:] if argv is None else argv))
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--lerobot-python", default=LEROBOT_PYTHON, help="python of the LeRobot 0.6.1 venv")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    t = sub.add_parser("train", help="lerobot-train within a CPU budget (resumable)")
+    t.add_argument("--policy", choices=sorted(REQUIRED), required=True)
+    t.add_argument("--data", required=True, help="the LeRobot v3 dataset folder (meta/info.json)")
+    t.add_argument("--repo-id", default="local/mt10", help="--dataset.repo_id (a name only: offline)")
+    t.add_argument("--run", required=True)
+    t.add_argument(
+        "--cpu-hours", type=float, required=True, help="budget: CPU-hours of the training process tree"
+    )
+    t.add_argument("--steps", type=int, default=None, help="total steps; default: as many as fit (probe)")
+    t.add_argument("--probe-steps", type=int, default=40)
+    t.add_argument("--margin", type=float, default=0.05, help="share of the budget the plan leaves unused")
+    t.add_argument("--checkpoints", type=int, default=8, help="periodic checkpoints over the run")
+    t.add_argument(
+        "--keep-checkpoints", action="store_true", help="keep every checkpoint (default: the last)"
+    )
+    t.add_argument("--resize", type=int, default=None, help="Diffusion only: policy.resize_shape=[R,R]")
+    v = sub.add_parser("eval", help="lerobot-eval on the run's last checkpoint -> eval/eval.json")
+    v.add_argument("--run", required=True)
+    v.add_argument("--checkpoint", default=None, help="a pretrained_model folder (default: the run's last)")
+    v.add_argument(
+        "--tasks", default="MT10", help="MT10, MT50, LeRobot's groups or task names, comma-separated"
+    )
+    v.add_argument("--episodes-per-task", type=int, default=50)
+    v.add_argument("--seed", type=int, default=1000)
+    v.add_argument("--batch-size", type=int, default=1, help="--eval.batch_size (envs per task)")
+    v.add_argument("--out", default=None, help="default RUN/eval")
+    c = sub.add_parser("convert", help="an existing eval_info.json -> our eval.json")
+    c.add_argument("--eval-info", required=True)
+    c.add_argument("--tasks", default="MT10")
+    c.add_argument("--episodes-per-task", type=int, required=True)
+    c.add_argument("--seed", type=int, default=1000)
+    c.add_argument("--out", required=True)
+    args = ap.parse_args(ours)
+    args.extra = extra
+    if args.cmd == "train" and args.resize and args.policy != "diffusion":
+        ap.error("--resize: only Diffusion Policy has a resize field (ACT has none)")
+    {"train": cmd_train, "eval": cmd_eval, "convert": cmd_convert}[args.cmd](args)
+
+
+if __name__ == "__main__":
+    main()
