@@ -32,7 +32,11 @@ import sys
 import time
 from pathlib import Path
 
-RESULTS = Path(__file__).resolve().parent / "results" / "metaworld.json"
+# `python bench/metaworld.py` puts bench/ first on sys.path, where this file would shadow the
+# `metaworld` package (in spawned evaluation workers too): swap it for the repository root.
+HERE = Path(__file__).resolve().parent
+sys.path[:] = [str(HERE.parent), *(p for p in sys.path if Path(p or ".").resolve() != HERE)]
+RESULTS = HERE / "results" / "metaworld.json"
 RECIPES = {"mt10": "metaworld_mt10", "mt50": "metaworld_mt50"}
 LEDGER = "cpu_ledger.json"  # in the run folder: one row per training segment
 
