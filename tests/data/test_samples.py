@@ -99,3 +99,17 @@ def test_set_epoch_reaches_persistent_workers(dataset):
     ds.set_epoch(1)
     second = torch.cat([b["index"] for b in loader]).tolist()
     assert sorted(first) == sorted(second) == list(range(41)) and first != second
+
+
+def test_training_images_are_resized_as_policy_resizes_them(dataset):
+    """A training sample's image is the stored frame resized exactly as ``Policy`` resizes a live
+    frame (``fit_image``: antialiased bilinear), not by the video decoder's own scaler."""
+    from vlastack.data.reader import LeRobotDataset
+    from vlastack.data.transforms import fit_image
+
+    root, _ = dataset
+    ds = make_dataset(_cfg("model.vision.image_size=24", "model.vision.patch_size=8"), root)
+    native = LeRobotDataset(root)
+    for i in (0, 20):
+        frame = torch.from_numpy(native.image("observation.images.scene", i)).permute(2, 0, 1)
+        assert torch.equal(ds[i]["images"][0], fit_image(frame, 24))

@@ -153,9 +153,10 @@ def test_per_task_generation_resumes_after_an_interruption(tmp_path, monkeypatch
     a, b = LeRobotDataset(tmp_path / "full"), LeRobotDataset(tmp_path / "ds")
     for key in ("observation.state", "action", "episode_index", "task_index"):
         np.testing.assert_array_equal(np.asarray(a.columns[key]), np.asarray(b.columns[key]))
-    assert [a.image("observation.images.scene", i).mean() for i in range(0, len(a), 7)] == [
-        b.image("observation.images.scene", i).mean() for i in range(0, len(b), 7)
-    ]
+    # Frames agree up to rendering noise: the two runs render with differently warmed-up renderers.
+    for i in range(0, len(a), 7):
+        diff = a.image("observation.images.scene", i).astype(float) - b.image("observation.images.scene", i)
+        assert abs(diff).mean() < 2.0, i
     side = json.loads((tmp_path / "ds/meta/vlastack_sim.json").read_text())
     assert [(e["task"], e["seed"], e["episode_index"]) for e in side["episode_info"]] == [
         ("reach", 0, 0), ("reach", 1, 1), ("push", 0, 2), ("push", 1, 3)

@@ -175,8 +175,8 @@ def generate(
     written task by task. ``image_size``/``cameras`` default to the suite's (``make_env``).
     ``resumable`` (per-task mode): each task is first written as its own finished dataset under
     ``<out>.parts/`` (lossless video), so an interrupted run re-run with the same arguments skips
-    the finished tasks; the parts are then merged into ``out`` (the same frames and values as an
-    uninterrupted run) and removed.
+    the finished tasks; the parts are then merged into ``out`` (the same episodes, seeds and values as
+    an uninterrupted run) and removed.
     ``progress``: show a live bar (episodes/s, ETA, the expert's success so far); ``settle``: see
     ``rollout_expert``."""
     from vlastack.data.lerobot import LeRobotWriter
