@@ -324,8 +324,9 @@ def _generate_by_parts(
 ) -> dict:
     """Per-task mode, resumable: one finished dataset per task under ``<out>.parts``, then a merge.
 
-    Parts keep exact frames (lossless video), so the merge re-encodes exactly what was rendered and
-    the result does not depend on where a run was interrupted."""
+    Parts are stored as lossless video (H.264 in YUV 4:4:4), so the merge re-encodes the frames as
+    rendered: where a run was interrupted changes no episode, seed or value (frames only by the
+    renderer's own warm-up noise, tests/sim/test_sim_generate.py)."""
     if out.exists() and not overwrite:
         raise ValueError(f"{out}: already exists (pass overwrite=True to replace it)")
     parts = out.with_name(out.name + PARTS_SUFFIX)
