@@ -325,8 +325,9 @@ def _generate_by_parts(
     """Per-task mode, resumable: one finished dataset per task under ``<out>.parts``, then a merge.
 
     Parts are stored as lossless video (H.264 in YUV 4:4:4), so the merge re-encodes the frames as
-    rendered: where a run was interrupted changes no episode, seed or value (frames only by the
-    renderer's own warm-up noise, tests/sim/test_sim_generate.py)."""
+    rendered: where a run was interrupted changes no episode, seed, value or frame (with freshly
+    built envs: a renderer's first frames differ slightly from a warmed-up one's;
+    tests/sim/test_sim_generate.py)."""
     if out.exists() and not overwrite:
         raise ValueError(f"{out}: already exists (pass overwrite=True to replace it)")
     parts = out.with_name(out.name + PARTS_SUFFIX)
