@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import platform
 import resource
 import subprocess
 import sys
@@ -42,18 +41,12 @@ LEDGER = "cpu_ledger.json"  # in the run folder: one row per training segment
 
 
 def machine() -> dict:
-    info = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
-    model = next((ln.split(":", 1)[1].strip() for ln in info.splitlines() if ln.startswith("model name")), "")
-    flags = next((ln.split(":", 1)[1].split() for ln in info.splitlines() if ln.startswith("flags")), [])
+    """CPU model, flags, cores and date (bench/lerobot_metaworld.py's, which is stdlib-only) + torch."""
     import torch
 
-    return {
-        "cpu": model or platform.processor(),
-        "cpu_flags": sorted(f for f in flags if f.startswith(("avx", "amx", "fma"))),
-        "cores": len([ln for ln in info.splitlines() if ln.startswith("processor")]),
-        "torch": torch.__version__,
-        "date": datetime.date.today().isoformat(),
-    }
+    from bench.lerobot_metaworld import machine as cpu
+
+    return {**cpu(), "torch": torch.__version__}
 
 
 def load() -> dict:
