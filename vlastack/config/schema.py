@@ -554,7 +554,7 @@ class EvalConfig:
     def __post_init__(self) -> None:
         _positive(self, "episodes", "steps_per_chunk", "image_size")
         _check(self.num_workers >= 0, "num_workers", "must be >= 0")
-        _check(self.max_steps >= 0, "max_steps", f"must be >= 0 (0 = the suite's own), got {self.max_steps}")
+        _check(self.max_steps >= 0, "max_steps", f"must be >= 0 (0 = the task's own), got {self.max_steps}")
         _check(
             self.seed_scheme in ("spread", "per_task"),
             "seed_scheme",

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import json
 import multiprocessing as mp
+import shutil
 import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
@@ -207,7 +208,6 @@ def generate(
     image_size = int(probe.observation_space["images"][cameras[0]].shape[0])
     fps = int(probe.metadata.get("render_fps", 10))
     probe.close()
-    features = _episode_features(suite, cameras, image_size, state_dim, action_dim)
     if episodes_per_task and resumable:
         kw = {"suite": suite, "episodes_per_task": episodes_per_task, "workers": workers, "image_size": image_size,
               "cameras": cameras, "noise": noise, "seed": seed, "progress": progress, "settle": settle,
@@ -216,7 +216,7 @@ def generate(
     writer = LeRobotWriter(
         out,
         fps=fps,
-        features=features,
+        features=_episode_features(suite, cameras, image_size, state_dim, action_dim),
         robot_type="metaworld" if suite == "metaworld" else f"vlastack_{suite}",
         overwrite=overwrite,
         video_pix_fmt=pix_fmt,
@@ -340,8 +340,6 @@ def _generate_by_parts(
             raise ValueError(
                 f"{parts}: holds parts of a generation with other settings; pass overwrite=True to discard them"
             )
-        import shutil
-
         shutil.rmtree(parts)
     parts.mkdir(parents=True, exist_ok=True)
     stamp.write_text(json.dumps(settings))
@@ -367,8 +365,6 @@ def _generate_by_parts(
             info.append({**e, "episode_index": k})
             k += 1
     (out / "meta" / "vlastack_sim.json").write_text(json.dumps({**report, "episode_info": info}, indent=1))
-    import shutil
-
     shutil.rmtree(parts)
     return {k: v for k, v in report.items() if k != "episode_info"}
 
