@@ -218,9 +218,24 @@ class GroundingConfig:
     # (observation.environment_uv.<camera>). It binds the instruction to the named object's
     # patches from the start instead of after a seed-dependent wait (see models/grounding.py).
     attend_weight: float = 0.0
+    # Which dims of observation.environment_state are the points, x, y, z each (empty: all of it,
+    # which then has 3 x points dims). Meta-World's 39-d state holds the object at 4:7 and the
+    # goal at 36:39, so its recipes pick [4, 5, 6, 36, 37, 38].
+    state_index: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         _check(self.points >= 0, "points", f"must be >= 0 (0 = off), got {self.points}")
+        _check(
+            not self.state_index or len(self.state_index) == 3 * self.points,
+            "state_index",
+            f"picks x, y, z of each of the {self.points} points: needs {3 * self.points} indices "
+            f"(or none), got {len(self.state_index)}",
+        )
+        _check(
+            all(isinstance(i, int) and i >= 0 for i in self.state_index),
+            "state_index",
+            f"must be indices >= 0 into observation.environment_state, got {list(self.state_index)}",
+        )
         _positive(self, "key_dim")
         _check(self.noise >= 0, "noise", f"must be >= 0, got {self.noise}")
         _check(self.weight >= 0, "weight", f"must be >= 0, got {self.weight}")

@@ -97,10 +97,16 @@ class VLADataset(Dataset):
                     f"{root}: model.grounding needs the {ENV_KEY!r} feature (privileged object positions, "
                     "written by `vla data generate` for the builtin suite); set model.grounding.points=0"
                 )
-            if tuple(ft["shape"]) != (m.grounding.dim,):
+            self.env_index = list(m.grounding.state_index) or None
+            if self.env_index and max(self.env_index) >= ft["shape"][0]:
+                raise ValueError(
+                    f"{root}: model.grounding.state_index {self.env_index} reaches past {ENV_KEY}'s "
+                    f"{ft['shape'][0]} dims"
+                )
+            if not self.env_index and tuple(ft["shape"]) != (m.grounding.dim,):
                 raise ValueError(
                     f"{root}: {ENV_KEY} has shape {ft['shape']}, model.grounding.points={m.grounding.points} "
-                    f"needs [{m.grounding.dim}]"
+                    f"needs [{m.grounding.dim}] (or pick its dims with model.grounding.state_index)"
                 )
             self.uv_key = f"{ENV_UV_KEY}.{m.camera_names[0]}"
             ft = self.ds.features.get(self.uv_key)
@@ -172,6 +178,8 @@ class VLADataset(Dataset):
         }
         if m.grounding.points:
             env = self.normalizer.normalize(ENV_KEY, item[ENV_KEY].astype(np.float32))
+            if self.env_index:  # normalized whole (the stats are per dim), then picked
+                env = np.asarray(env)[..., self.env_index]
             out["env_state"] = torch.from_numpy(np.asarray(env, dtype=np.float32))
             if m.grounding.attend_weight:
                 out["env_uv"] = torch.from_numpy(np.asarray(item[self.uv_key], dtype=np.float32))
