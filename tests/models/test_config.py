@@ -81,22 +81,33 @@ def test_unknown_preset():
 def test_grounding_on_a_head_without_a_grounded_variant_is_refused(monkeypatch):
     """Issue #36 item 2: a head with no grounded class is refused at config time, not silently
     built as the grounded flow head."""
+    import dataclasses
+
     import pytest as _pytest
 
-    from vlastack.config import schema
+    from vlastack.config import HEAD_SPECS
 
-    monkeypatch.setattr(schema, "GROUNDED_REGISTRY", {"flow": schema.GROUNDED_REGISTRY["flow"]})
+    monkeypatch.setitem(HEAD_SPECS, "tokens", dataclasses.replace(HEAD_SPECS["tokens"], grounded=None))
     with _pytest.raises(ValueError, match="head 'tokens' does not take the grounding add-on"):
         load_config("tiny", overrides=["model.head=tokens", "model.grounding.points=2",
                                        "model.tokens.state_input=continuous"])  # fmt: skip
 
 
-def test_head_without_a_compilable_decode_step_warns():
-    """Issue #36 item 3: Policy(compile=True) on a head with no compile_decoding is a one-line
-    warning, not a silent no-op."""
+def test_head_without_a_compilable_decode_step_warns(monkeypatch):
+    """Issue #36 item 3: Policy(compile=True) on a head whose spec has no compilable decode step is a
+    one-line warning, not a silent no-op."""
+    import dataclasses
+
     import pytest as _pytest
 
+    from vlastack.config import HEAD_SPECS
+    from vlastack.infer.policy import Policy
     from vlastack.models.heads.base import HeadBase
+    from vlastack.models.vla import build_model
 
     with _pytest.warns(UserWarning, match="HeadBase has no compile_decoding"):
         HeadBase().compile_decoding()
+    monkeypatch.setitem(HEAD_SPECS, "flow", dataclasses.replace(HEAD_SPECS["flow"], compile_decoding=False))
+    model = build_model(load_config("tiny").model)
+    with _pytest.warns(UserWarning, match="head 'flow' has no compilable decode step"):
+        Policy(model, compile=True)

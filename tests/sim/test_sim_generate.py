@@ -101,10 +101,18 @@ def test_generate_records_environment_state_for_grounding(tmp_path):
     with pytest.raises(ValueError, match="needs \\[9\\]"):
         VLADataset(load_config("tiny", overrides=["model.grounding.points=3"]), out)
     # model.grounding.state_index picks the points' dims (Meta-World's object 4:7 and goal 36:39).
-    picked = load_config("tiny", overrides=[*cfg_over, "model.grounding.points=1", "model.grounding.state_index=[3,4,5]"])
+    picked = load_config(
+        "tiny", overrides=[*cfg_over, "model.grounding.points=1", "model.grounding.state_index=[3,4,5]"]
+    )
     np.testing.assert_allclose(VLADataset(picked, out)[3]["env_state"].numpy(), s["env_state"].numpy()[3:])
     with pytest.raises(ValueError, match="reaches past"):
-        VLADataset(load_config("tiny", overrides=[*cfg_over, "model.grounding.points=1", "model.grounding.state_index=[4,5,6]"]), out)
+        VLADataset(
+            load_config(
+                "tiny",
+                overrides=[*cfg_over, "model.grounding.points=1", "model.grounding.state_index=[4,5,6]"],
+            ),
+            out,
+        )
     with pytest.raises(ValueError, match="state_index"):
         load_config("tiny", overrides=["model.grounding.points=2", "model.grounding.state_index=[0,1,2]"])
     # ... and where each camera sees those points, as recorded, for the head's attention loss.

@@ -105,7 +105,17 @@ def test_parts_freezing_and_lr(tmp_path):
     assert all(torch.equal(v, tr.model.vision.state_dict()[k]) for k, v in vis.items())
     assert part_of("decoder.layers.0.expert.mlp.up_proj.weight") == "expert"
     assert part_of("decoder.layers.0.vlm.mlp.up_proj.weight") == "vlm"
-    assert part_of("projector.weight") == "vision" and part_of("head.state_proj.weight") == "expert"
+    assert part_of("projector.weight") == "vision" and part_of("head.state_proj.weight") == "head"
+    # Issue #36: the head's own layers are their own group: lr_head, else lr_expert for a head that
+    # drives the action expert (flow), else lr (tokens: lr_expert used to drive it, with no expert).
+    assert names["head"] == 5e-4
+    tok = tiny_cfg("model.head=tokens", "train.lr_expert=5e-4", "train.lr_head=2e-4").train
+    tok_model = build_model(tiny_cfg("model.head=tokens").model)
+    assert {g["name"]: g["base_lr"] for g in param_groups(tok_model, tok)}["head"] == 2e-4
+    tok = tiny_cfg("model.head=tokens", "train.lr_expert=5e-4").train
+    assert {g["name"]: g["base_lr"] for g in param_groups(tok_model, tok)}["head"] == tok.lr
+    with pytest.raises(ValueError, match="lr_head"):
+        tiny_cfg("train.lr_head=-1")
     m = build_model(cfg.model)
     for g in param_groups(m, TrainConfig()):
         assert all(p.ndim >= 2 for p in g["params"]) == (g["weight_decay"] > 0)

@@ -11,6 +11,7 @@ user always sees which key is wrong (``ValueError: model.expert.depth: ...``).
 
 from __future__ import annotations
 
+from vlastack.config.heads import HEAD_NAMES, HEAD_SPECS, HeadSpec
 from vlastack.config.io import (
     apply_overrides,
     from_dict,
@@ -31,8 +32,6 @@ from vlastack.config.presets import (
 )
 from vlastack.config.schema import (
     EXECUTION_METHODS,
-    HEAD_NAMES,
-    HEAD_REGISTRY,
     Config,
     ConfigError,
     DataConfig,
@@ -51,7 +50,7 @@ from vlastack.config.schema import (
 __all__ = [
     "EXECUTION_METHODS",
     "HEAD_NAMES",
-    "HEAD_REGISTRY",
+    "HEAD_SPECS",
     "PRESETS",
     "Config",
     "ConfigError",
@@ -60,6 +59,7 @@ __all__ = [
     "EvalConfig",
     "ExecutionConfig",
     "GroundingConfig",
+    "HeadSpec",
     "ModelConfig",
     "NormConfig",
     "RTCTrainConfig",

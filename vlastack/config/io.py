@@ -12,14 +12,16 @@ from typing import Any
 
 import yaml
 
-from vlastack.config.presets import PRESETS
+from vlastack.config.presets import PRESETS, VARIANT_DEFAULTS
 from vlastack.config.schema import Config, ConfigError, ModelConfig
 
 
 def to_dict(cfg: Any) -> Any:
-    """Dataclass tree -> plain dict (tuples become lists) for YAML/JSON."""
+    """Dataclass tree -> plain dict (tuples become lists) for YAML/JSON. A model config keeps only
+    its own head's options (``ModelConfig.foreign_keys`` are left out)."""
     if is_dataclass(cfg):
-        return {f.name: to_dict(getattr(cfg, f.name)) for f in fields(cfg)}
+        skip = cfg.foreign_keys if isinstance(cfg, ModelConfig) else ()
+        return {f.name: to_dict(getattr(cfg, f.name)) for f in fields(cfg) if f.name not in skip}
     if isinstance(cfg, tuple | list):
         return [to_dict(v) for v in cfg]
     return cfg
@@ -129,6 +131,10 @@ def packaged_yaml(name: str) -> str | None:
 
 def load_yaml(path: str | Path, base: Config | None = None) -> Config:
     """A YAML file, or a packaged config by bare name (``demo``: vlastack/configs/demo.yaml)."""
+    return from_dict(_yaml_data(path), base)
+
+
+def _yaml_data(path: str | Path) -> dict:
     from vlastack.fileio import read_yaml
 
     p = Path(path)
@@ -136,7 +142,7 @@ def load_yaml(path: str | Path, base: Config | None = None) -> Config:
     data = (yaml.safe_load(packaged) if packaged is not None else read_yaml(path)) or {}
     if not isinstance(data, dict):
         raise ValueError(f"{path}: a config YAML must be a mapping of sections, got {type(data).__name__}")
-    return from_dict(data, base)
+    return data
 
 
 def parse_override(text: str) -> tuple[list[str], Any]:
@@ -187,9 +193,22 @@ def load_config(
     if preset not in PRESETS:
         raise ConfigError("preset", f"unknown preset {preset!r}; choose from {', '.join(PRESETS)}")
     cfg = PRESETS[preset]()
+    data = _yaml_data(yaml_path) if yaml_path is not None else {}
+    cfg = _variant_defaults(preset, cfg, data, list(overrides))
     if yaml_path is not None:
-        cfg = load_yaml(yaml_path, base=cfg)
+        cfg = from_dict(data, cfg)
     return apply_overrides(cfg, list(overrides))
+
+
+def _variant_defaults(preset: str, cfg: Config, data: dict, overrides: list[str]) -> Config:
+    """``presets.VARIANT_DEFAULTS`` for the variant the YAML or overrides pick, where neither sets
+    the key itself (so the tiny preset's Pi0.5 has room for its state in the prompt)."""
+    model = data.get("model") if isinstance(data.get("model"), dict) else {}
+    given = {".".join(parse_override(o)[0]): parse_override(o)[1] for o in overrides if "=" in o}
+    variant = given.get("model.variant", model.get("variant", cfg.model.variant))
+    chosen = VARIANT_DEFAULTS.get(preset, {}).get(variant, {})
+    keep = {k: v for k, v in chosen.items() if k not in model and f"model.{k}" not in given}
+    return replace(cfg, model=replace(cfg.model, **keep)) if keep else cfg
 
 
 def model_config_from_dict(data: dict) -> ModelConfig:

@@ -75,3 +75,9 @@ def pi05() -> Config:
 
 
 PRESETS = {"tiny": tiny, "small": small, "pi0": pi0, "pi05": pi05}
+
+# A preset's model defaults for a variant chosen on top of it (``load_config`` applies them unless
+# the YAML or an override sets the key). Pi0.5 writes the state into the prompt: the tiny preset's
+# 24 tokens leave no room for it ("Task: ..., State: " plus up to 4 bytes per state dim), so its
+# Pi0.5 gets 88 (the 8-dim state's 57 bytes and 30 of instruction).
+VARIANT_DEFAULTS: dict[str, dict[str, dict[str, object]]] = {"tiny": {"pi05": {"max_text_len": 88}}}

@@ -6,6 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from vlastack.config.heads import HEAD_NAMES, HEAD_SPECS, HeadSpec
+
 
 class ConfigError(ValueError):
     """A config key has an invalid value or does not exist. ``key`` is the dotted path."""
@@ -88,7 +90,7 @@ class DecoderConfig:
 
 @dataclass(frozen=True)
 class TokenHeadConfig:
-    """Discrete action tokens (RT-2/OpenVLA bins, FAST). Used when ``model.head == 'tokens'``.
+    """Discrete action tokens (RT-2/OpenVLA bins, FAST). The options of ``model.head=tokens``.
 
     Tokenizers need actions in [-1, 1]: train token heads with ``data.norm.action=quantiles``.
     ``decoding='parallel'`` (OpenVLA-OFT) needs the fixed-length ``tokenizer='bins'``.
@@ -256,22 +258,6 @@ class GroundingConfig:
         return 3 * self.points
 
 
-# The action-head registry: ``model.head`` name -> "module:Class". Adding a head is its own file plus
-# one line here. Kept as strings in the config so ``model.head`` is validated before any model code
-# (torch modules) is imported; ``vlastack.models.heads.HEADS`` resolves them.
-HEAD_REGISTRY = {
-    "flow": "vlastack.models.heads.flow:FlowHead",
-    "tokens": "vlastack.models.heads.tokens:TokenHead",
-}
-HEAD_NAMES = tuple(HEAD_REGISTRY)
-# Heads that take the grounding add-on (``model.grounding.points > 0``): head name -> its grounded
-# class. A head not listed here refuses grounding at config time instead of being built as another.
-GROUNDED_REGISTRY = {
-    "flow": "vlastack.models.heads.grounding:GroundedFlowHead",
-    "tokens": "vlastack.models.heads.grounded_tokens:GroundedTokenHead",
-}
-
-
 @dataclass(frozen=True)
 class ModelConfig:
     vision: VisionConfig = field(default_factory=VisionConfig)
@@ -306,13 +292,27 @@ class ModelConfig:
 
     def __post_init__(self) -> None:
         _check(self.variant in ("pi0", "pi05"), "variant", f"must be 'pi0' or 'pi05', got {self.variant!r}")
-        _check(
-            self.variant == "pi0" or self.head == "flow",
-            "variant",
-            "pi05 is a variant of the flow head: needs head='flow'",
-        )
         _check(self.head in HEAD_NAMES, "head", f"must be one of {list(HEAD_NAMES)}, got {self.head!r}")
+        spec = self.head_spec
+        _check(
+            self.variant in spec.variants,
+            "variant",
+            f"head {self.head!r} takes variant {' or '.join(map(repr, spec.variants))}, got {self.variant!r} "
+            f"(pi05 is a variant of the flow head)",
+        )
         _positive(self, "action_horizon", "action_dim", "state_dim", "max_text_len", "num_denoise_steps")
+        if self.variant == "pi05" and self.tokenizer == "byte":
+            # The Pi0.5 prompt (models/prompt.py) at its shortest: BOS, a 1-byte instruction, every
+            # state dim a 1-digit bin. A prompt cut short loses the state, silently: refuse it here;
+            # the dataset (every task, 3-digit bins) and each served request are checked exactly.
+            least = 1 + len(f"Task: x, State: {' '.join(['0'] * self.state_dim)};\nAction: ")
+            _check(
+                self.max_text_len >= least,
+                "max_text_len",
+                f"{self.max_text_len} tokens cannot hold a Pi0.5 prompt (instruction and the "
+                f"{self.state_dim}-dim state): it needs at least {least} plus the instruction; "
+                f"set model.max_text_len to {least + 32} or more",
+            )
         _check(len(self.camera_names) > 0, "camera_names", "needs at least one camera")
         _check(len(set(self.camera_names)) == len(self.camera_names), "camera_names", "names must be unique")
         _check(
@@ -336,10 +336,10 @@ class ModelConfig:
         )
         if g.points:
             _check(
-                self.head in GROUNDED_REGISTRY,
+                spec.grounded is not None,
                 "grounding.points",
                 f"head {self.head!r} does not take the grounding add-on (heads that do: "
-                f"{sorted(GROUNDED_REGISTRY)}): set grounding.points=0",
+                f"{sorted(n for n, sp in HEAD_SPECS.items() if sp.grounded)}): set grounding.points=0",
             )
             _check(
                 not g.attend_weight or self.image_resize == "stretch",
@@ -347,7 +347,7 @@ class ModelConfig:
                 "the recorded image positions assume image_resize='stretch'",
             )
             _check(
-                self.head == "flow" or self.tokens.state_input == "continuous",
+                not spec.action_tokens or self.tokens.state_input == "continuous",
                 "grounding.points",
                 "grounding feeds the token head's continuous state token: needs "
                 "tokens.state_input='continuous'",
@@ -360,6 +360,17 @@ class ModelConfig:
         _check(self.noise_scale >= 0, "noise_scale", f"must be >= 0, got {self.noise_scale}")
         _check(self.time_min_period > 0, "time_min_period", "must be > 0")
         _check(self.time_max_period > self.time_min_period, "time_max_period", "must exceed time_min_period")
+
+    @property
+    def head_spec(self) -> HeadSpec:
+        """What ``head`` builds and can do (``config/heads.py``)."""
+        return HEAD_SPECS[self.head]
+
+    @property
+    def foreign_keys(self) -> frozenset[str]:
+        """Options of the other heads: unused by this model, left out of its saved config."""
+        other = {k for name, sp in HEAD_SPECS.items() if name != self.head for k in sp.options}
+        return frozenset(other - set(self.head_spec.options))
 
     @property
     def num_cameras(self) -> int:
@@ -458,6 +469,9 @@ class TrainConfig:
     lr_vision: float | None = None  # None = lr; 0 freezes the part
     lr_vlm: float | None = None
     lr_expert: float | None = None
+    # The action head's own layers (head.*); None: lr_expert for a head that drives the action
+    # expert (flow: they are its input and output layers), lr for one that does not (tokens).
+    lr_head: float | None = None
     weight_decay: float = 0.01
     betas: tuple[float, float] = (0.9, 0.95)
     warmup_steps: int = 100
@@ -487,6 +501,9 @@ class TrainConfig:
     rtc: RTCTrainConfig = field(default_factory=RTCTrainConfig)
 
     def __post_init__(self) -> None:
+        for part in ("lr_vision", "lr_vlm", "lr_expert", "lr_head"):
+            v = getattr(self, part)
+            _check(v is None or v >= 0, part, f"must be >= 0 (0 freezes the part) or unset, got {v}")
         _positive(self, "steps", "batch_size", "grad_accum", "log_every", "save_every", "keep_last")
         _check(self.max_bad_steps >= 1, "max_bad_steps", "must be >= 1")
         _check(self.num_threads >= 0, "num_threads", "must be >= 0 (0 = default)")
@@ -612,8 +629,8 @@ class Config:
             f"({self.train.rtc.max_delay}) must be below model.action_horizon ({h})",
         )
         _check(
-            not self.train.rtc.max_delay or (self.model.head == "flow" and self.model.variant == "pi0"),
+            not self.train.rtc.max_delay or (self.model.head_spec.denoise and self.model.variant == "pi0"),
             "train.rtc.max_delay",
-            "training-time RTC gives each action token its own flow time: needs model.head=flow, "
-            "variant=pi0 (pi05's adaptive norms take one time per sample)",
+            "training-time RTC gives each action token its own flow time: needs a head with denoising "
+            f"steps ({[n for n, sp in HEAD_SPECS.items() if sp.denoise]}), variant=pi0 (pi05's adaptive norms take one time per sample)",
         )

@@ -35,7 +35,7 @@ from vlastack.data.reader import LeRobotDataset
 from vlastack.data.stats import Normalizer
 from vlastack.data.transforms import augment as augment_images
 from vlastack.data.transforms import fit_image
-from vlastack.models.prompt import tokenize_prompt
+from vlastack.models.prompt import pi05_prompt_len, tokenize_prompt
 from vlastack.models.tokenizer import load_tokenizer
 
 STATE_KEY, ACTION_KEY, ENV_KEY = "observation.state", "action", "observation.environment_state"
@@ -126,6 +126,14 @@ class VLADataset(Dataset):
             )
         self.normalizer = normalizer or normalizer_from_stats(self.ds.stats, cfg)
         self.tokenizer = load_tokenizer(m.tokenizer)
+        if m.state_in_prompt:  # a prompt cut short loses the state: check every task's longest one
+            worst = {t: pi05_prompt_len(self.tokenizer, t, np.ones(self.state_dim)) for t in self.ds.tasks}
+            task, need = max(worst.items(), key=lambda kv: kv[1])
+            if need > m.max_text_len:
+                raise ValueError(
+                    f"{root}: the Pi0.5 prompt of task {task!r} with the {self.state_dim}-dim state needs up "
+                    f"to {need} tokens, model.max_text_len is {m.max_text_len}: set model.max_text_len={need}"
+                )
         self._tokens: dict[int, tuple[np.ndarray, np.ndarray]] = {}
         self._dim_mask = torch.arange(m.action_dim) < self.action_dim
 

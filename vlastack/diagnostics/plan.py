@@ -63,12 +63,27 @@ def _build(cfg: Config):
 
 
 def _fit_token_head(model, cfg: Config, batch_size: int) -> None:
-    if cfg.model.head != "tokens":
-        return
+    """The head's own ``prepare`` on dummy samples (a token head fits its action tokenizer)."""
     from torch._subclasses.fake_tensor import unset_fake_temporarily
 
-    with unset_fake_temporarily():  # the tokenizer is fitted on real (dummy) actions
-        model.head.fit_tokenizer_from_batches([dummy_batch(cfg.model, max(2, batch_size), seed=1)])
+    with unset_fake_temporarily():  # prepared on real (dummy) samples
+        model.head.prepare(_DummySamples(cfg, max(2, batch_size)))
+
+
+class _DummySamples(torch.utils.data.Dataset):
+    """``n`` dummy training samples, made on first access (a head that prepares nothing allocates
+    nothing)."""
+
+    def __init__(self, cfg: Config, n: int) -> None:
+        self.cfg, self.n, self.batch = cfg, n, None
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> dict:
+        if self.batch is None:
+            self.batch = dummy_batch(self.cfg.model, self.n, seed=1)
+        return {k: v[i] for k, v in self.batch.items()}
 
 
 def _run_train(cfg: Config, batch_size: int, steps: int, fake: bool) -> LiveTensorTracker:
@@ -106,7 +121,7 @@ def _run_infer(cfg: Config, batch_size: int, fake: bool) -> LiveTensorTracker:
 
 def simulate(cfg: Config, batch_size: int, mode: str = "train", steps: int = 2) -> dict:
     """Predicted peak (bytes) and its breakdown for ``mode`` = train | infer, without allocating."""
-    if cfg.model.head == "tokens" and cfg.model.tokens.tokenizer != "bins":
+    if cfg.model.head_spec.action_tokens and cfg.model.tokens.tokenizer != "bins":
         raise ValueError(
             f"vla plan cannot simulate the {cfg.model.tokens.tokenizer!r} action tokenizer (it encodes real "
             "data); plan with model.tokens.tokenizer=bins and the same max_action_tokens instead"

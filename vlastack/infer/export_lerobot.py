@@ -54,9 +54,9 @@ def export_lerobot(policy_folder: str | Path, out: str | Path) -> Path:
     model = VLA.from_pretrained(folder)
     cfg = model.cfg
     kind = getattr(cfg, "variant", "pi0")
-    if cfg.head == "tokens" and cfg.tokens.sequence == "pi0_fast":
+    if cfg.head_spec.action_tokens and cfg.tokens.sequence == "pi0_fast":
         return _export_pi0_fast(model, folder, out)
-    if cfg.head != "flow" or cfg.grounding.points:
+    if not cfg.head_spec.export_lerobot or cfg.grounding.points:
         raise ValueError(
             "only the plain flow head (pi0 / pi05) and an imported pi0-FAST token head have a LeRobot equivalent"
         )

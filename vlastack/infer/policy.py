@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +29,7 @@ from vlastack.data.stats import NORM_STATS, ExactNormalizer, Normalizer, load_no
 from vlastack.infer.chunking import ActionChunker
 from vlastack.infer.obs import InputSpec, Obs, ObsError, build_batch, check_obs
 from vlastack.models.heads.rtc import guided_sample, prefix_sample, prefix_weights
+from vlastack.models.prompt import pi05_prompt_len
 from vlastack.models.tokenizer import load_tokenizer
 
 log = logging.getLogger(__name__)
@@ -58,8 +60,10 @@ def set_decoding(model: torch.nn.Module, options: dict[str, Any]) -> None:
     from vlastack.config import Config, EvalConfig, apply_overrides
 
     cfg = model.cfg
-    if cfg.head != "tokens":
-        raise ValueError(f"decoding options apply to token heads (model.head=tokens), not {cfg.head!r}")
+    if not cfg.head_spec.action_tokens:
+        raise ValueError(
+            f"decoding options apply to action-token heads (model.head=tokens), not {cfg.head!r}"
+        )
     bad = sorted(set(options) - set(DECODING_KEYS))
     if bad:
         raise ValueError(f"unknown decoding option(s) {bad}; known: {list(DECODING_KEYS)}")
@@ -139,7 +143,7 @@ class Policy:
         self._gen = torch.Generator(device=self.device)
         self._gen.manual_seed(int(seed) if seed is not None else int(torch.initial_seed()) % 2**62)
         # Token heads: chunks whose tokens did not decode, and what model.tokens.invalid_decode did.
-        self.invalid_decode = self.cfg.tokens.invalid_decode if self.cfg.head == "tokens" else "zero"
+        self.invalid_decode = self.cfg.tokens.invalid_decode if self.cfg.head_spec.action_tokens else "zero"
         self.decode_stats = {"chunks": 0, "invalid": 0, "repeated": 0}
         self._last_valid: np.ndarray | None = None  # the latest valid chunk [H, A_env] (repeat_last)
         self._fast = None
@@ -148,7 +152,13 @@ class Policy:
         elif compile:
             # The per-step parts (flow: prefix pass + denoise step; tokens: the decode step), not
             # the unrolled sampler: a graph 1/N the size, so it compiles ~N times faster.
-            model.head.compile_decoding()
+            if self.cfg.head_spec.compile_decoding:
+                model.head.compile_decoding()
+            else:  # never a silent no-op
+                warnings.warn(
+                    f"head {self.cfg.head!r} has no compilable decode step: compile=True leaves its sampling eager",
+                    stacklevel=2,
+                )
 
     def _make_fast(self, compile: bool) -> Any:
         """``fast=True``: ``prepare_for_inference`` on this policy's model (in place; weights
@@ -157,7 +167,7 @@ class Policy:
         function without capture. ``compile`` compiles its prefix pass and step before capture."""
         from vlastack.infer.fastpath import FastFlow, prepare_for_inference
 
-        if self.cfg.head != "flow":
+        if not self.cfg.head_spec.fast_path:
             raise ValueError(f"fast=True needs a flow head (pi0/pi05), got head={self.cfg.head!r}")
         prepare_for_inference(self.model, torch.bfloat16 if self.bf16 else torch.float32)
         return FastFlow(self.model, graph=True, compile=compile)
@@ -238,9 +248,7 @@ class Policy:
             "prompt_required": self.spec.prompt_required,
             "replan_steps": self.replan_steps,
             # Real-time chunking requests (``action_prefix``, infer/realtime.py) need a flow head.
-            "rtc_methods": ["rtc_inference", "rtc_training"]
-            if hasattr(self.model.head, "denoise_step")
-            else [],
+            "rtc_methods": ["rtc_inference", "rtc_training"] if c.head_spec.denoise else [],
             "flat_keys": [*sorted(self.spec.aliases), "observation/state"],
         }
 
@@ -255,6 +263,13 @@ class Policy:
                 f"'state' overflows when normalized with this policy's statistics (max |x| = "
                 f"{np.abs(o.state).max():.3g}): not a state this policy can act on"
             )
+        if self.cfg.state_in_prompt and self.preprocess is None:
+            n = pi05_prompt_len(self.tokenizer, o.prompt, st)
+            if n > self.cfg.max_text_len:  # cut short, the prompt would lose the state
+                raise ObsError(
+                    f"'prompt': with the state written in, this Pi0.5 prompt needs {n} tokens and the "
+                    f"policy holds {self.cfg.max_text_len} (model.max_text_len): shorten the instruction"
+                )
         return o
 
     # ------------------------------------------------------------------ inference
@@ -299,7 +314,7 @@ class Policy:
                 shape = (b, c.action_horizon, c.action_dim)
                 noise = torch.randn(shape, generator=self._gen, device=self.device)
             # Token heads sample (temperature > 0) from the policy's seeded generator.
-            extra = {"generator": self._gen} if c.head == "tokens" else {}
+            extra = {"generator": self._gen} if c.head_spec.seeded_sampling else {}
             if self._fast is not None:  # weights already in their dtype: no autocast
                 with torch.inference_mode():
                     out, valid = self._fast(batch, noise.to(self.device)), None
@@ -341,7 +356,7 @@ class Policy:
         only soft guidance (guided) or plain sampling (training-time), never a crash. A delay
         longer than the prefix is clipped to it (the old chunk ran out)."""
         c, head = self.cfg, self.model.head
-        if not hasattr(head, "denoise_step"):
+        if not c.head_spec.denoise:
             raise ValueError(f"real-time chunking needs a flow head; this policy's head is {c.head!r}")
         methods = {o.rtc_method for o in obs_list}
         assert len(methods) == 1, methods  # infer_results groups them

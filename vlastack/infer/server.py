@@ -216,7 +216,8 @@ class PolicyServer:
         self.http_port = port + 1 if http_port is None and port else (http_port or 0)
         self.token, self.max_bytes, self.drain_timeout_s = token, max_message_bytes, drain_timeout_s
         self.drain_grace_s = drain_grace_s
-        tokens = getattr(getattr(policy, "cfg", None), "head", None) == "tokens"  # its decode counters
+        cfg = getattr(policy, "cfg", None)  # (test doubles may have none)
+        tokens = cfg is not None and cfg.head_spec.action_tokens  # its decode counters
         self.metrics = Metrics(decode_stats=(lambda: dict(policy.decode_stats)) if tokens else None)
         self.batcher = Batcher(policy, max_batch, self.metrics)
         self.metadata = policy.metadata | {"max_message_bytes": max_message_bytes, "max_batch": max_batch}

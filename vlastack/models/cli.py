@@ -35,8 +35,11 @@ def cmd_info(args: argparse.Namespace) -> int:
     for part, n in _parts(model).items():
         print(f"{part:>10}: {n:>15,}")
     print(f"{'total':>10}: {model.num_params():>15,}  ({model.num_params() / 1e9:.3f}B)")
-    suffix = cfg.model.action_horizon + (0 if cfg.model.state_in_prompt else 1)  # pi05: no state token
-    print(f"prefix tokens: {cfg.model.prefix_len}  suffix tokens: {suffix}")
+    if cfg.model.head_spec.uses_expert:  # the action expert's tokens: pi0 has a state token, pi05 none
+        suffix = cfg.model.action_horizon + (0 if cfg.model.state_in_prompt else 1)
+        print(f"prefix tokens: {cfg.model.prefix_len}  suffix tokens: {suffix}")
+    else:
+        print(f"prefix tokens: {cfg.model.prefix_len}  (no action expert: the head decodes from the VLM)")
     return 0
 
 

@@ -28,6 +28,12 @@ def pi05_prompt(task: str, state: np.ndarray) -> str:
     return f"Task: {cleaned}, State: {' '.join(map(str, discretize_state(state)))};\nAction: "
 
 
+def pi05_prompt_len(tokenizer, task: str, state: np.ndarray) -> int:
+    """Tokens of the Pi0.5 prompt for ``task`` and normalized ``state``; an all-ones state gives
+    the longest one (every bin "255")."""
+    return len(tokenizer.encode(pi05_prompt(task, state)))
+
+
 def tokenize_prompt(
     tokenizer, task: str, state: np.ndarray | None, max_len: int, state_in_prompt: bool
 ) -> tuple[np.ndarray, np.ndarray]:

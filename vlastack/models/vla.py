@@ -20,14 +20,14 @@ from typing import Any
 
 import torch
 from safetensors.torch import save_file
-from torch import Tensor, nn
+from torch import Tensor
 
 from vlastack.batch import Batch
 from vlastack.config import ModelConfig, model_config_from_dict, to_dict
 from vlastack.fileio import load_safetensors, read_json
 from vlastack.models.backbone import Backbone
 from vlastack.models.heads import ActionHead, ActionOutput, head_class
-from vlastack.nn.norms import AdaRMSNorm
+from vlastack.nn.init import lecun_init_
 
 WEIGHTS_NAME = "model.safetensors"
 CONFIG_NAME = "config.json"
@@ -36,7 +36,7 @@ CONFIG_NAME = "config.json"
 class VLA(Backbone):
     def __init__(self, cfg: ModelConfig) -> None:
         cls = head_class(cfg)
-        super().__init__(cfg, expert=cls.uses_expert)
+        super().__init__(cfg, expert=cfg.head_spec.uses_expert)
         self.head: ActionHead = cls(cfg)
         # Kept for import/export, but no loss can reach them; frozen so DDP does not wait for
         # their gradients and optimizers do not carry state for them.
@@ -54,16 +54,13 @@ class VLA(Backbone):
         content started at a quarter of the position table's scale, and its state and action
         projections 17x below unit gain. On the demo's reach task it trained to a lower loss
         (0.627 vs 0.682 after 1500 steps). Adaptive norms' dense layers stay zero (``AdaRMSNorm``).
+
+        The head initialises its own layers after the backbone's (``head.reset_parameters``; the
+        default is the same LeCun init), so a head's own choice (a zero output layer) is kept.
         """
-        keep = {id(m.dense) for m in self.modules() if isinstance(m, AdaRMSNorm)}
-        for m in self.modules():
-            if id(m) in keep:
-                continue
-            if isinstance(m, nn.Linear | nn.Conv2d | nn.Embedding) and m.weight.device.type != "meta":
-                fan_in = m.weight[0].numel()
-                nn.init.normal_(m.weight, std=std if isinstance(m, nn.Embedding) else fan_in**-0.5)
-                if getattr(m, "bias", None) is not None:
-                    nn.init.zeros_(m.bias)
+        head = set(map(id, self.head.modules()))
+        lecun_init_((m for m in self.modules() if id(m) not in head), std)
+        self.head.reset_parameters(std)
         self.vision.init_position_embedding()
 
     def forward(self, batch: Batch, **kwargs: Any) -> dict[str, Tensor]:

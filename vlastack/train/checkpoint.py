@@ -213,8 +213,8 @@ def check_compatible(ckpt: Path, cfg: Config) -> Config:
     ot, nt = to_dict(old.train), to_dict(cfg.train)
     for k in STATE_KEYS:
         reasons += _diff(ot[k], nt[k], f"train.{k}")
-    for k in ("lr_vision", "lr_vlm", "lr_expert"):  # which parts are frozen fixes the optimizer groups
-        if (ot[k] == 0) != (nt[k] == 0):
+    for k in ("lr_vision", "lr_vlm", "lr_expert", "lr_head"):  # frozen parts fix the optimizer groups
+        if (ot.get(k) == 0) != (nt[k] == 0):
             reasons.append(
                 f"train.{k}: a part frozen in one run is trained in the other ({ot[k]} vs {nt[k]})"
             )

@@ -1,10 +1,12 @@
 """Optimizer pieces: per-part parameter groups, AdamW (or 8-bit AdamW), warmup + cosine, EMA.
 
-Parts of a ``VLA`` (for ``train.lr_vision`` / ``lr_vlm`` / ``lr_expert``; a learning rate of 0
-freezes the part):
+Parts of a ``VLA`` (for ``train.lr_vision`` / ``lr_vlm`` / ``lr_expert`` / ``lr_head``; a learning
+rate of 0 freezes the part):
 
 - vision: ``vision.*`` and ``projector.*``
-- expert: ``decoder.layers.*.expert.*``, ``decoder.expert_norm.*`` and ``head.*``
+- expert: ``decoder.layers.*.expert.*`` and ``decoder.expert_norm.*``
+- head: ``head.*``, the head's own layers (``lr_head`` None: ``lr_expert`` for a head that drives
+  the action expert, whose input and output layers they are; ``lr`` for one that does not)
 - vlm: the rest of ``decoder.*`` (embeddings, VLM blocks, final norm)
 
 Weight decay applies to matrices only (not to norms, biases or 1-d parameters).
@@ -19,7 +21,7 @@ from torch import nn
 
 from vlastack.config import TrainConfig
 
-PARTS = ("vision", "vlm", "expert")
+PARTS = ("vision", "vlm", "expert", "head")
 
 
 def part_of(name: str) -> str:
@@ -27,19 +29,28 @@ def part_of(name: str) -> str:
     n = name.removeprefix("module.").removeprefix("_orig_mod.")
     if n.startswith(("vision.", "projector.")):
         return "vision"
-    if n.startswith("head.") or ".expert." in n or n.startswith("decoder.expert_norm"):
+    if n.startswith("head."):
+        return "head"
+    if ".expert." in n or n.startswith("decoder.expert_norm"):
         return "expert"
     return "vlm"
 
 
-def part_lrs(cfg: TrainConfig) -> dict[str, float]:
-    lrs = {"vision": cfg.lr_vision, "vlm": cfg.lr_vlm, "expert": cfg.lr_expert}
+def part_lrs(cfg: TrainConfig, uses_expert: bool = True) -> dict[str, float]:
+    """Learning rate per part; ``uses_expert``: the head drives the action expert (its spec's)."""
+    head = cfg.lr_head if cfg.lr_head is not None else (cfg.lr_expert if uses_expert else None)
+    lrs = {"vision": cfg.lr_vision, "vlm": cfg.lr_vlm, "expert": cfg.lr_expert, "head": head}
     return {k: cfg.lr if v is None else v for k, v in lrs.items()}
+
+
+def _uses_expert(model: nn.Module) -> bool:
+    cfg = getattr(model, "cfg", None)  # a VLA's ModelConfig
+    return cfg.head_spec.uses_expert if hasattr(cfg, "head_spec") else True
 
 
 def freeze_parts(model: nn.Module, cfg: TrainConfig) -> list[str]:
     """Set ``requires_grad=False`` on the parts whose learning rate is 0. Returns the frozen parts."""
-    frozen = [p for p, lr in part_lrs(cfg).items() if lr == 0]
+    frozen = [p for p, lr in part_lrs(cfg, _uses_expert(model)).items() if lr == 0]
     for name, p in model.named_parameters():
         if part_of(name) in frozen:
             p.requires_grad_(False)
@@ -48,7 +59,7 @@ def freeze_parts(model: nn.Module, cfg: TrainConfig) -> list[str]:
 
 def param_groups(model: nn.Module, cfg: TrainConfig) -> list[dict]:
     """One group per (part, decay) with parameters that require grad; ``base_lr`` kept per group."""
-    lrs = part_lrs(cfg)
+    lrs = part_lrs(cfg, _uses_expert(model))
     groups: dict[tuple[str, bool], list] = {}
     for name, p in model.named_parameters():
         if not p.requires_grad:

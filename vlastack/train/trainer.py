@@ -81,8 +81,10 @@ FREE_WHEN_FINE_TUNING = (
 
 
 def differing_fields(a: ModelConfig, b: ModelConfig) -> list[str]:
-    """Top-level ``ModelConfig`` fields whose values differ between ``a`` and ``b``."""
-    return [f.name for f in fields(a) if getattr(a, f.name) != getattr(b, f.name)]
+    """Top-level ``ModelConfig`` fields whose values differ between ``a`` and ``b`` (options of a
+    head neither uses are not compared: a saved config leaves them out)."""
+    skip = a.foreign_keys & b.foreign_keys
+    return [f.name for f in fields(a) if f.name not in skip and getattr(a, f.name) != getattr(b, f.name)]
 
 
 def init_normalizer(init_from: str) -> Normalizer | ExactNormalizer:

@@ -1,9 +1,10 @@
-"""Action heads behind one interface (``base.ActionHead``), picked by ``model.head`` from ``HEADS``.
+"""Action heads behind one interface (``base.ActionHead``), built by ``model.head`` from the spec
+registry ``config.HEAD_SPECS`` (``config/heads.py``: each head's classes and capabilities).
 
 - ``flow``: Pi0 / Pi0.5 flow matching with an action expert (``flow.py``);
 - ``tokens``: discrete action tokens from the VLM's LM head: bins, FAST, parallel (``tokens.py``);
-- add-on: ``model.grounding.points > 0`` wraps the flow head in ``GroundedFlowHead`` (``grounding.py``)
-  and the token head in ``GroundedTokenHead`` (``grounded_tokens.py``).
+- add-on: ``model.grounding.points > 0`` builds the spec's ``grounded`` class: ``GroundedFlowHead``
+  (``grounding.py``) or ``GroundedTokenHead`` (``grounded_tokens.py``).
 
 Adding a head: docs/adding-a-head.md.
 """
@@ -12,8 +13,7 @@ from __future__ import annotations
 
 import importlib
 
-from vlastack.config import HEAD_REGISTRY, ModelConfig
-from vlastack.config.schema import GROUNDED_REGISTRY
+from vlastack.config import HEAD_SPECS, ModelConfig
 from vlastack.models.heads.base import ActionHead, ActionOutput, HeadBase
 from vlastack.models.heads.flow import FlowHead
 from vlastack.models.heads.grounded_tokens import GroundedTokenHead
@@ -21,16 +21,20 @@ from vlastack.models.heads.grounding import GroundedFlowHead
 from vlastack.models.heads.tokens import TokenHead
 
 
-def _resolve(path: str) -> type[ActionHead]:
+def resolve(path: str) -> type[ActionHead]:
+    """A spec's "module:Class" string -> the class."""
     module, _, name = path.partition(":")
     return getattr(importlib.import_module(module), name)
 
 
-# The registry lives in config.HEAD_REGISTRY (one line per head); here its names become classes.
-HEADS: dict[str, type[ActionHead]] = {name: _resolve(path) for name, path in HEAD_REGISTRY.items()}
-GROUNDED: dict[str, type[ActionHead]] = {name: _resolve(path) for name, path in GROUNDED_REGISTRY.items()}
+# The registry lives in config.HEAD_SPECS (one entry per head); here its names become classes.
+HEADS: dict[str, type[ActionHead]] = {name: resolve(spec.cls) for name, spec in HEAD_SPECS.items()}
+GROUNDED: dict[str, type[ActionHead]] = {
+    name: resolve(spec.grounded) for name, spec in HEAD_SPECS.items() if spec.grounded
+}
 
 __all__ = [
+    "GROUNDED",
     "HEADS",
     "ActionHead",
     "ActionOutput",
@@ -39,11 +43,14 @@ __all__ = [
     "GroundedTokenHead",
     "HeadBase",
     "TokenHead",
+    "head_class",
 ]
 
 
 def head_class(cfg: ModelConfig) -> type[ActionHead]:
     """The head class ``cfg`` asks for (``cfg.head``, with its add-ons)."""
-    if cfg.grounding.points:  # the config refuses grounding for a head not in GROUNDED
-        return GROUNDED[cfg.head]
-    return HEADS[cfg.head]
+    spec = cfg.head_spec
+    if cfg.grounding.points:  # the config refuses grounding for a head whose spec has none
+        assert spec.grounded is not None, cfg.head
+        return resolve(spec.grounded)
+    return resolve(spec.cls)

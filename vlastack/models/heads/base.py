@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import warnings
 from pathlib import Path
-from typing import Any, ClassVar, NamedTuple, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from torch import Tensor, nn
 
 from vlastack.batch import Batch
 from vlastack.config import ModelConfig
 from vlastack.models.backbone import Backbone
+from vlastack.nn.init import lecun_init_
 
 
 class ActionOutput(NamedTuple):
@@ -32,9 +33,6 @@ class ActionOutput(NamedTuple):
 
 class ActionHead(Protocol):
     """What every head provides. ``backbone`` is the model's ``Backbone`` (``VLA`` is one)."""
-
-    # Whether the decoder needs the action expert (flow heads) or only the VLM (token heads).
-    uses_expert: ClassVar[bool]
 
     def __init__(self, cfg: ModelConfig) -> None: ...
 
@@ -74,14 +72,19 @@ class ActionHead(Protocol):
         """torch.compile the per-step hot part of ``sample`` (fullgraph, static shapes)."""
         ...
 
+    def reset_parameters(self, std: float = 0.02) -> None:
+        """Initialise the head's own layers; ``VLA`` calls it after initialising the backbone."""
+        ...
+
 
 class HeadBase(nn.Module):
     """No-op defaults for the optional hooks of ``ActionHead``."""
 
-    uses_expert: ClassVar[bool] = False
-
     def frozen_backbone_params(self, backbone: Backbone) -> list[str]:
         return []
+
+    def reset_parameters(self, std: float = 0.02) -> None:
+        lecun_init_(self.modules(), std)  # the backbone's init; override for a head's own
 
     def prepare(self, dataset: Any) -> None:
         pass

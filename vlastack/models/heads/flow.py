@@ -63,7 +63,6 @@ def flow_mse(v: Tensor, u: Tensor, batch: Batch) -> dict[str, Tensor]:
 class FlowHead(HeadBase):
     """Action-expert input/output layers plus the flow-matching loss and Euler sampler."""
 
-    uses_expert = True
     state_extra_dim = 0  # inputs the state token reads beside the state (subclasses)
 
     def __init__(self, cfg: ModelConfig) -> None:

@@ -205,7 +205,6 @@ class GroundedFlowHead(FlowHead):
 
 def predict_grounding(model: Backbone, batch: Batch) -> Tensor:
     """``model``'s grounding prediction (normalized units, fp32 [B, G]); ValueError without one."""
-    head = getattr(model, "head", None)
-    if not hasattr(head, "predict_grounding"):
+    if not model.cfg.grounding.points:
         raise ValueError("this model has no grounding head (model.grounding.points is 0)")
-    return head.predict_grounding(model, batch)
+    return model.head.predict_grounding(model, batch)
