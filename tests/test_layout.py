@@ -9,7 +9,7 @@ from pathlib import Path
 PKG = Path(__file__).resolve().parents[1] / "vlastack"
 MAX_LINES = 800
 # Modules whose "module:Class" strings another module imports by name: lister -> resolver.
-RESOLVERS = {"vlastack.config.schema": "vlastack.models.heads"}
+RESOLVERS = {"vlastack.config.heads": "vlastack.models.heads"}
 
 
 def _module_name(path: Path) -> str:
@@ -81,6 +81,7 @@ def test_import_graph_sees_lazy_and_type_checking_imports():
     assert "vlastack.models.backbone" in g["vlastack.models.heads.flow"]
     assert "vlastack.train.trainer" in g["vlastack.train.cli"]  # an in-function import
     assert "vlastack.models.heads.grounding" in g["vlastack.models.heads"]  # a registry string
+    assert "vlastack.models.heads.oft" in g["vlastack.models.heads"]  # only ever named by its spec
     assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
 
 

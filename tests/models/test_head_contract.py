@@ -161,3 +161,42 @@ def test_checkpoint_configs_saved_before_the_spec_registry_still_load(golden):
     assert not set(saved) & cfg.foreign_keys and set(saved) <= set(data)
     assert known(saved, data) == {k: v for k, v in data.items() if k in saved}
     assert to_dict(model_config_from_dict(saved)) == saved
+
+
+def test_the_head_owns_its_init_and_options(tmp_path):
+    """The OFT head zero-initialises its output layer after the backbone's init (it used to be
+    re-initialised by ``VLA.reset_parameters``); its options live in ``model.head_options``, are
+    checked like any section, survive YAML and config.json, and stay out of other heads' configs."""
+    from vlastack.config import load_yaml, save_yaml
+    from vlastack.models.vla import build_model
+
+    cfg = tiny_cfg("model.head=oft", "model.head_options.hidden=32")
+    model = build_model(cfg.model)
+    assert model.head.mlp[-1].weight.abs().sum() == 0 and model.head.mlp[0].weight.abs().sum() > 0
+    save_yaml(cfg, tmp_path / "c.yaml")
+    assert load_yaml(tmp_path / "c.yaml") == cfg
+    model.save_pretrained(tmp_path / "m")
+    assert VLA.from_pretrained(tmp_path / "m").cfg == cfg.model
+    with pytest.raises(ValueError, match="hidden: must be > 0"):
+        tiny_cfg("model.head=oft", "model.head_options.hidden=0")
+    with pytest.raises(ValueError, match="head 'flow' takes no head_options"):
+        tiny_cfg("model.head_options.hidden=32")
+    assert "head_options" not in to_dict(tiny_cfg().model)
+    # Switching heads on top of a config drops the old head's options for the new head's defaults.
+    from vlastack.config import apply_overrides
+
+    assert apply_overrides(cfg, ["model.head=flow"]).model.head_options is None
+    assert apply_overrides(cfg, ["model.head=tokens"]).model.head_options is None
+
+
+def test_adding_a_head_page_shows_the_shipped_oft_head():
+    """docs/adding-a-head.md's worked example is the registered OFT head, verbatim (file and options)."""
+    import inspect
+
+    from vlastack.config.heads import OFTOptions
+
+    root = Path(__file__).resolve().parents[2]
+    page = (root / "docs" / "adding-a-head.md").read_text()
+    block = page.split("# vlastack/models/heads/oft.py\n", 1)[1].split("```", 1)[0]
+    assert block == (root / "vlastack" / "models" / "heads" / "oft.py").read_text()
+    assert inspect.getsource(OFTOptions) in page

@@ -11,6 +11,7 @@ user always sees which key is wrong (``ValueError: model.expert.depth: ...``).
 
 from __future__ import annotations
 
+from vlastack.config.errors import ConfigError
 from vlastack.config.heads import HEAD_NAMES, HEAD_SPECS, HeadSpec
 from vlastack.config.io import (
     apply_overrides,
@@ -33,7 +34,6 @@ from vlastack.config.presets import (
 from vlastack.config.schema import (
     EXECUTION_METHODS,
     Config,
-    ConfigError,
     DataConfig,
     DecoderConfig,
     EvalConfig,

@@ -11,6 +11,9 @@ asked for, never a silent no-op.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
+
+from vlastack.config.errors import _check
 
 
 @dataclass(frozen=True)
@@ -40,6 +43,20 @@ class HeadSpec:
     # The ``model.*`` keys that are this head's own options. A checkpoint's config keeps only its
     # head's (no other head's options in it); missing ones load as their defaults.
     options: tuple[str, ...] = ()
+    # A frozen dataclass of the head's own options, kept in ``model.head_options`` (checked in its
+    # ``__post_init__``, like every config section); None: the head has none there.
+    options_cls: Any = None
+
+
+@dataclass(frozen=True)
+class OFTOptions:
+    """``model.head=oft`` (``models/heads/oft.py``): ``model.head_options.<key>``."""
+
+    hidden: int = 256  # width of the MLP from each action query's hidden state to its action
+    l1: bool = True  # L1 loss (OpenVLA-OFT's choice); False: MSE
+
+    def __post_init__(self) -> None:
+        _check(self.hidden > 0, "hidden", f"must be > 0, got {self.hidden}")
 
 
 HEAD_SPECS: dict[str, HeadSpec] = {
@@ -62,5 +79,6 @@ HEAD_SPECS: dict[str, HeadSpec] = {
         action_tokens=True,
         options=("tokens",),
     ),
+    "oft": HeadSpec(cls="vlastack.models.heads.oft:OFTHead", options_cls=OFTOptions),
 }
 HEAD_NAMES = tuple(HEAD_SPECS)

@@ -12,15 +12,18 @@ from typing import Any
 
 import yaml
 
+from vlastack.config.errors import ConfigError
 from vlastack.config.presets import PRESETS, VARIANT_DEFAULTS
-from vlastack.config.schema import Config, ConfigError, ModelConfig
+from vlastack.config.schema import Config, ModelConfig
 
 
 def to_dict(cfg: Any) -> Any:
     """Dataclass tree -> plain dict (tuples become lists) for YAML/JSON. A model config keeps only
     its own head's options (``ModelConfig.foreign_keys`` are left out)."""
     if is_dataclass(cfg):
-        skip = cfg.foreign_keys if isinstance(cfg, ModelConfig) else ()
+        skip = set(cfg.foreign_keys) if isinstance(cfg, ModelConfig) else set()
+        if isinstance(cfg, ModelConfig) and cfg.head_options is None:
+            skip.add("head_options")  # a head without its own options: the key stays out
         return {f.name: to_dict(getattr(cfg, f.name)) for f in fields(cfg) if f.name not in skip}
     if isinstance(cfg, tuple | list):
         return [to_dict(v) for v in cfg]
@@ -96,11 +99,36 @@ def _from_dict(cls: type, data: dict, prefix: str = "", base: Any = None) -> Any
         if k not in names:
             raise ConfigError(key, f"unknown key; valid keys here: {', '.join(sorted(names))}")
         tp = hints[k]
-        if is_dataclass(tp) and isinstance(v, dict):
+        if cls is ModelConfig and k == "head_options":
+            kwargs[k] = _head_options(data.get("head", getattr(base, "head", "flow")), v, key, base)
+        elif is_dataclass(tp) and isinstance(v, dict):
             kwargs[k] = _from_dict(tp, v, key, getattr(base, k) if base is not None else None)
         else:
             kwargs[k] = _coerce(v, tp, key)
+    if (
+        cls is ModelConfig
+        and "head_options" not in kwargs
+        and base is not None
+        and kwargs.get("head", base.head) != base.head
+    ):
+        kwargs["head_options"] = None  # another head: its own defaults, not the old head's options
     return _construct(cls, kwargs, prefix, base)
+
+
+def _head_options(head: str, value: Any, key: str, base: Any) -> Any:
+    """``model.head_options`` of head ``head`` from a mapping, on top of ``base``'s when they are
+    the same head's (``HeadSpec.options_cls``)."""
+    from vlastack.config.heads import HEAD_SPECS
+
+    spec = HEAD_SPECS.get(head)
+    if value is None or spec is None:  # an unknown head is reported by ModelConfig itself
+        return value
+    if spec.options_cls is None:
+        raise ConfigError(key, f"head {head!r} takes no head_options")
+    if not isinstance(value, dict):
+        raise ConfigError(key, f"expected a mapping, got {value!r}")
+    cur = getattr(base, "head_options", None)
+    return _from_dict(spec.options_cls, value, key, cur if isinstance(cur, spec.options_cls) else None)
 
 
 def _construct(cls: type, kwargs: dict, prefix: str, base: Any) -> Any:
@@ -179,10 +207,18 @@ def _apply_nested(obj: Any, nested: dict, prefix: str) -> Any:
         if k not in names:
             raise ConfigError(key, f"unknown key; valid keys here: {', '.join(sorted(names))}")
         cur = getattr(obj, k)
-        if is_dataclass(cur) and isinstance(v, dict):
+        if isinstance(obj, ModelConfig) and k == "head_options":
+            kwargs[k] = _head_options(nested.get("head", obj.head), v, key, obj)
+        elif is_dataclass(cur) and isinstance(v, dict):
             kwargs[k] = _apply_nested(cur, v, key)
         else:
             kwargs[k] = _coerce(v, hints[k], key)
+    if (
+        isinstance(obj, ModelConfig)
+        and "head_options" not in kwargs
+        and kwargs.get("head", obj.head) != obj.head
+    ):
+        kwargs["head_options"] = None  # another head: its own defaults, not the old head's options
     return _construct(type(obj), kwargs, prefix, obj)
 
 

@@ -6,32 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from vlastack.config.errors import _check, _positive
 from vlastack.config.heads import HEAD_NAMES, HEAD_SPECS, HeadSpec
-
-
-class ConfigError(ValueError):
-    """A config key has an invalid value or does not exist. ``key`` is the dotted path."""
-
-    def __init__(self, key: str, msg: str):
-        self.key, self.msg = key, msg
-        super().__init__(f"{key}: {msg}" if key else msg)
-
-    def __reduce__(self) -> tuple[type[ConfigError], tuple[str, str]]:
-        # The default rebuilds from self.args (one string) and fails on a 2-argument __init__, so an
-        # error raised in an eval worker process would reach the parent as a dead worker instead.
-        return type(self), (self.key, self.msg)
-
-
-def _check(cond: bool, key: str, msg: str) -> None:
-    if not cond:
-        raise ConfigError(key, msg)
-
-
-def _positive(obj: Any, *names: str) -> None:
-    for n in names:
-        v = getattr(obj, n)
-        _check(v > 0, n, f"must be > 0, got {v!r}")
-
 
 # ----------------------------------------------------------------------------- model
 
@@ -289,11 +265,25 @@ class ModelConfig:
     time_max_period: float = 4.0
     # "byte": a file-free byte-level tokenizer; otherwise a folder with tokenizer.json/.model.
     tokenizer: str = "byte"
+    # The options of a head registered with its own options dataclass (``HeadSpec.options_cls``;
+    # ``model.head_options.<key>`` in YAML and overrides); None for a head without one. Saved only
+    # with that head, so adding a head never changes another head's checkpoints.
+    head_options: Any = None
 
     def __post_init__(self) -> None:
         _check(self.variant in ("pi0", "pi05"), "variant", f"must be 'pi0' or 'pi05', got {self.variant!r}")
         _check(self.head in HEAD_NAMES, "head", f"must be one of {list(HEAD_NAMES)}, got {self.head!r}")
         spec = self.head_spec
+        if spec.options_cls is None:
+            _check(self.head_options is None, "head_options", f"head {self.head!r} takes no head_options")
+        elif self.head_options is None:  # the head's defaults
+            object.__setattr__(self, "head_options", spec.options_cls())
+        else:
+            _check(
+                isinstance(self.head_options, spec.options_cls),
+                "head_options",
+                f"head {self.head!r} takes {spec.options_cls.__name__}, got {type(self.head_options).__name__}",
+            )
         _check(
             self.variant in spec.variants,
             "variant",
