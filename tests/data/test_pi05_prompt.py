@@ -46,8 +46,13 @@ def test_a_prompt_that_would_lose_the_state_is_refused(dataset):
     root, data = dataset
     cams = "model.camera_names=[scene,wrist]"
     assert load_config("tiny", overrides=["model.variant=pi05"]).model.max_text_len == 88
-    assert load_config("tiny", overrides=["model.variant=pi05", "model.max_text_len=60"]).model.max_text_len == 60
-    with pytest.raises(ValueError, match=r"model\.max_text_len: 24 tokens cannot hold a Pi0\.5 prompt.*at least 42"):
+    assert (
+        load_config("tiny", overrides=["model.variant=pi05", "model.max_text_len=60"]).model.max_text_len
+        == 60
+    )
+    with pytest.raises(
+        ValueError, match=r"model\.max_text_len: 24 tokens cannot hold a Pi0\.5 prompt.*at least 42"
+    ):
         load_config("tiny", overrides=["model.variant=pi05", "model.max_text_len=24"])
     # BOS + "Task: task 1, State: " + 5 x "255" + ";\nAction: " = 51 tokens at most.
     assert len(load_tokenizer("byte").encode(pi05_prompt("task 1", np.ones(5)))) == 51
