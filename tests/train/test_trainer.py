@@ -109,6 +109,9 @@ def test_parts_freezing_and_lr(tmp_path):
     # Issue #36: the head's own layers are their own group: lr_head, else lr_expert for a head that
     # drives the action expert (flow), else lr (tokens: lr_expert used to drive it, with no expert).
     assert names["head"] == 5e-4
+    # ... sorted beside the expert's, so the clipped norm sums parameters in the order it always did
+    assert [n for n in names if n.split(".")[0] in ("expert", "head")] == [
+        "expert.no_decay", "head.no_decay", "expert", "head"]  # fmt: skip
     tok = tiny_cfg("model.head=tokens", "train.lr_expert=5e-4", "train.lr_head=2e-4").train
     tok_model = build_model(tiny_cfg("model.head=tokens").model)
     assert {g["name"]: g["base_lr"] for g in param_groups(tok_model, tok)}["head"] == 2e-4

@@ -67,7 +67,15 @@ def param_groups(model: nn.Module, cfg: TrainConfig) -> list[dict]:
         decay = p.ndim >= 2 and "embed" not in name
         groups.setdefault((part_of(name), decay), []).append(p)
     out = []
-    for (part, decay), params in sorted(groups.items()):
+
+    # The head's groups sort beside the expert's (within each decay flag): the gradient norm sums
+    # the groups' parameters in this order, so it (and the fp32 losses) stay bit-identical to
+    # before the head had its own group, when its parameters ended the expert's.
+    def order(item: tuple[tuple[str, bool], list]) -> tuple[str, bool, bool]:
+        part, decay = item[0]
+        return ("expert" if part == "head" else part, decay, part == "head")
+
+    for (part, decay), params in sorted(groups.items(), key=order):
         out.append(
             {
                 "params": params,
