@@ -2,9 +2,12 @@
 
     python scripts/demo_losses.py record /tmp/losses.json [--steps 200]
     python scripts/demo_losses.py compare /tmp/losses.json
+    python scripts/demo_losses.py record /tmp/quick.json --quick   # seconds: synthetic batches
 
-Refactors of the training loop, data path or demo recipe must leave these bit-identical. The
-dataset is a small expert dataset (40 episodes) generated once under ``--data``.
+Refactors of the training loop, data path, model or demo recipe must leave these bit-identical.
+The full check trains the demo recipe on a small expert dataset (40 episodes, generated once under
+``--data``). ``--quick`` takes 30 single-thread ``train_step``s (``--steps``) on synthetic batches
+for three configs: the demo (grounding), plain pi0 and the token head.
 """
 
 from __future__ import annotations
@@ -46,15 +49,61 @@ def demo_losses(data: Path, steps: int, threads: int = 2) -> list[float]:
     return [float(x) for x in summary["losses"]]
 
 
+QUICK_VARIANTS = {
+    "demo": [],
+    "plain": ["model.grounding.attend_weight=0", "model.grounding.points=0"],
+    "tokens": ["model.grounding.attend_weight=0", "model.grounding.points=0", "model.head=tokens"],
+}
+
+
+def quick_losses(steps: int) -> dict[str, list[float]]:
+    from vlastack.apps.demo import demo_config
+    from vlastack.batch import dummy_batch
+    from vlastack.models import build_model
+    from vlastack.train.optim import build_optimizer
+    from vlastack.train.step import train_step
+
+    torch.set_num_threads(1)
+    res = {}
+    for name, over in QUICK_VARIANTS.items():
+        cfg = demo_config("tiny", None, ["train.precision=fp32", *over])
+        torch.manual_seed(0)
+        m = build_model(cfg.model)
+        batches = [dummy_batch(cfg.model, 8, seed=s) for s in range(3)]
+        m.head.prepare([{k: v[i] for k, v in b.items()} for b in batches for i in range(8)])
+        opt = build_optimizer(m, cfg.train)
+        torch.manual_seed(1)
+        res[name] = [
+            train_step(
+                m,
+                opt,
+                [batches[i % 3]],
+                device_type="cpu",
+                precision="fp32",
+                scaler=None,
+                grad_clip=cfg.train.grad_clip,
+            ).loss  # fmt: skip
+            for i in range(steps)
+        ]
+    return res
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("mode", choices=["record", "compare"])
     ap.add_argument("path")
-    ap.add_argument("--steps", type=int, default=200)
+    ap.add_argument("--steps", type=int, default=None, help="200 (30 with --quick)")
     ap.add_argument("--data", default="/tmp/demo_losses_data")
     ap.add_argument("--threads", type=int, default=2, help="the demo's 2; 1 on a crowded machine")
+    ap.add_argument("--quick", action="store_true", help="synthetic batches, three configs (seconds)")
     args = ap.parse_args()
-    losses = demo_losses(Path(args.data), args.steps, args.threads)
+    if args.quick:
+        runs = quick_losses(args.steps or 30)
+        losses = [x for name in QUICK_VARIANTS for x in runs[name]]
+        args.steps = len(losses)
+    else:
+        args.steps = args.steps or 200
+        losses = demo_losses(Path(args.data), args.steps, args.threads)
     if args.mode == "record":
         Path(args.path).write_text(json.dumps({"steps": args.steps, "losses": losses}))
         print(f"recorded {len(losses)} losses, last {losses[-1]!r} -> {args.path}")

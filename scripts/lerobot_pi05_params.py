@@ -1,6 +1,6 @@
 """Count LeRobot's Pi0.5 parameters (meta device, no weights) beside vlastack's ``pi05`` preset.
 
-/work/lrvenv/bin/python scripts/lerobot_pi05_params.py     # a venv with lerobot installed
+<lerobot venv>/bin/python scripts/lerobot_pi05_params.py   # a venv with lerobot 0.6.1 (scripts/make_lerobot_fixtures.py says how)
 -> bench/results/pi05_params.json (vlastack's count is added by tests/models/test_pi05.py's
    constants; this script only needs lerobot and torch)
 """

@@ -9,7 +9,13 @@ import torch
 
 from tests.diagnostics.helpers import SlowDataset, micro_cfg
 from vlastack.batch import dummy_batch
-from vlastack.diagnostics.numerics import AnomalyDetected, NumericsInspector, inspect, tensor_stats
+from vlastack.diagnostics.numerics import (
+    AnomalyDetected,
+    NumericsInspector,
+    anomaly_stop,
+    inspect,
+    tensor_stats,
+)
 from vlastack.models.vla import build_model
 
 LAYER = "decoder.layers.0.expert.mlp"  # (the last VLM block's MLP never runs in the flow loss)
@@ -68,7 +74,9 @@ def test_anomaly_guard_stops_with_step_module_and_batch(tmp_path):
     from vlastack.train.trainer import Trainer
 
     cfg = micro_cfg("train.anomaly_guard=true", "train.steps=6", "train.save_every=2", "train.log_every=1")
-    tr = Trainer(cfg, run_dir=tmp_path, dataset=SlowDataset(cfg), verbose=False)
+    with pytest.raises(ValueError, match="anomaly_guard=true needs its handler"):
+        Trainer(cfg, run_dir=tmp_path / "x", dataset=SlowDataset(cfg), verbose=False)
+    tr = Trainer(cfg, run_dir=tmp_path, dataset=SlowDataset(cfg), verbose=False, on_anomaly=anomaly_stop)
 
     def poison_at_step_3(mod, args):
         if tr.step == 2:  # steps 1-2 are good (checkpointed at 2); step 3 goes bad

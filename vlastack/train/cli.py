@@ -35,6 +35,7 @@ def sim_evaluator(policy_dir, cfg, out_dir) -> dict:
 
 def _train(args: argparse.Namespace) -> int:
     from vlastack.cli_common import config_from_args
+    from vlastack.diagnostics.numerics import anomaly_stop
     from vlastack.train.trainer import Trainer
 
     cfg = config_from_args(args)
@@ -48,6 +49,7 @@ def _train(args: argparse.Namespace) -> int:
         device=args.device,
         overwrite=args.overwrite,
         evaluator=sim_evaluator if cfg.train.eval_every > 0 else None,
+        on_anomaly=anomaly_stop if cfg.train.anomaly_guard else None,
     )
     summary = trainer.fit()
     if trainer.is_main:

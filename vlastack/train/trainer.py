@@ -18,6 +18,7 @@ import warnings
 from collections.abc import Callable
 from dataclasses import fields, replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -150,6 +151,9 @@ class StepMeter:
 # simulator's, ``sim.evaluate.evaluate``): (policy folder, config, output folder) -> eval.json dict
 # with ``overall.success_rate`` and ``overall.n``. The training layer does not import the simulator.
 Evaluator = Callable[[Path, Config, Path], dict]
+# What ``train.anomaly_guard`` runs on a bad step (``vla train`` passes the doctor's
+# ``diagnostics.numerics.anomaly_stop``): (trainer, micro-batches, StepResult) -> raises.
+AnomalyHandler = Callable[[Any, list, Any], None]
 
 
 def _is_compile_error(e: BaseException) -> bool:
@@ -173,6 +177,7 @@ class Trainer:
         verbose: bool = True,
         overwrite: bool = False,
         evaluator: Evaluator | None = None,
+        on_anomaly: AnomalyHandler | None = None,
     ) -> None:
         t = cfg.train
         if t.eval_every > 0 and evaluator is None:
@@ -180,7 +185,12 @@ class Trainer:
                 f"train.eval_every={t.eval_every} needs an evaluator: Trainer(evaluator=...) (vla train "
                 "passes the simulator's closed-loop evaluation), or train.eval_every=0"
             )
-        self.evaluator = evaluator
+        if t.anomaly_guard and on_anomaly is None:
+            raise ValueError(
+                "train.anomaly_guard=true needs its handler: Trainer(on_anomaly=...) (vla train passes "
+                "vlastack.diagnostics.numerics.anomaly_stop), or train.anomaly_guard=false"
+            )
+        self.evaluator, self.on_anomaly = evaluator, on_anomaly
         dev_type = torch.device(device).type if device else ("cuda" if torch.cuda.is_available() else "cpu")
         self.dist = init_distributed(dev_type)
         self.device = torch.device(device) if device else torch.device(dev_type)
@@ -565,9 +575,7 @@ class Trainer:
         else:
             res = self._train_step(micro, kw)
         if t.anomaly_guard and not res.ok and not res.scaled_skip:
-            from vlastack.diagnostics.numerics import anomaly_stop
-
-            anomaly_stop(self, micro, res)  # raises AnomalyDetected; the last good checkpoint stays
+            self.on_anomaly(self, micro, res)  # raises AnomalyDetected; the last good checkpoint stays
         lr = self.optimizer.param_groups[0]["lr"]
         with warnings.catch_warnings():  # a skipped (bad) step leaves optimizer.step uncalled
             warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step")
