@@ -82,7 +82,7 @@ def quick_losses(steps: int) -> dict[str, list[float]]:
                 precision="fp32",
                 scaler=None,
                 grad_clip=cfg.train.grad_clip,
-            ).loss  # fmt: skip
+            ).loss
             for i in range(steps)
         ]
     return res
