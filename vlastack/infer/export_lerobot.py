@@ -20,8 +20,9 @@ import numpy as np
 import torch
 from safetensors.torch import save_file
 
+from vlastack.config import to_dict
 from vlastack.infer.preprocess import ACTION_KEY, PIPELINE_FILE, STATE_KEY, Pipeline
-from vlastack.models.convert.lerobot import IMAGE_PREFIX, ours_to_checkpoint
+from vlastack.models.convert.lerobot import IMAGE_PREFIX, VLASTACK_SIDECAR, ours_to_checkpoint
 from vlastack.models.vla import VLA
 
 _MODES = {"mean_std": "MEAN_STD", "quantiles": "QUANTILES", "min_max": "MIN_MAX", "identity": "IDENTITY"}
@@ -114,6 +115,8 @@ def export_lerobot(policy_folder: str | Path, out: str | Path) -> Path:
     _processor_files(out, list(zip(names, configs, strict=True)), stats, eps, feats, out_feats, norm_map)
     if (folder / "tokenizer.model").exists():
         (out / "tokenizer.model").write_bytes((folder / "tokenizer.model").read_bytes())
+    # What LeRobot's files cannot say (head counts, a file-free tokenizer): `vla import` reads it.
+    (out / VLASTACK_SIDECAR).write_text(json.dumps({"model": to_dict(cfg)}, indent=2))
     return out
 
 

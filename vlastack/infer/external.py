@@ -30,7 +30,7 @@ from vlastack.models.convert.lerobot import (
 )
 from vlastack.models.convert.pi0_fast import attach_tokenizers
 from vlastack.models.convert.safetensors_io import read_folder_header
-from vlastack.models.tokenizer import SentencePieceTokenizer
+from vlastack.models.tokenizer import SentencePieceTokenizer, load_tokenizer
 
 PALIGEMMA_TOKENIZER = "google/paligemma-3b-pt-224"
 
@@ -57,6 +57,14 @@ def tokenizer_name(folder: Path) -> str:
             if name:
                 return name
     return PALIGEMMA_TOKENIZER
+
+
+def text_tokenizer(folder: Path, cfg_tokenizer: str):
+    """The checkpoint's text tokenizer: the file-free byte tokenizer where its config says so (a
+    tiny model exported by ``vla export-lerobot``), else PaliGemma's ``tokenizer.model``."""
+    return (
+        load_tokenizer("byte") if cfg_tokenizer == "byte" else SentencePieceTokenizer(find_tokenizer(folder))
+    )
 
 
 def find_tokenizer(folder: Path) -> Path:
@@ -107,7 +115,7 @@ def load_parts(
             )
         model = VLA.from_pretrained(folder, device=device, dtype=dtype)
         pipe = Pipeline.load(folder)
-        return Parts(model, pipe, SentencePieceTokenizer(find_tokenizer(folder)), pipe.kind, folder)
+        return Parts(model, pipe, text_tokenizer(folder, model.cfg.tokenizer), pipe.kind, folder)
     # Everything small first (config, processor, normalizer, tokenizer), the weights last: a wrong
     # processor or missing tokenizer must not cost a 13 GB read before it is reported.
     header = read_folder_header(folder)
@@ -116,7 +124,7 @@ def load_parts(
         pipe = Pipeline.from_lerobot(folder, kind, meta, cfg)
     else:
         pipe = Pipeline.from_openpi(folder, kind, cfg, asset_id)
-    tok = SentencePieceTokenizer(find_tokenizer(folder))
+    tok = text_tokenizer(folder, cfg.tokenizer)
     if tok.vocab_size > cfg.vlm.vocab_size:
         raise ValueError(f"tokenizer has {tok.vocab_size} pieces but the embedding {cfg.vlm.vocab_size} rows")
     model, kind, meta = load_checkpoint(folder, overrides, strict=strict, dtype=dtype, header=header)
@@ -148,11 +156,12 @@ def import_checkpoint(
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     model = parts.model
-    model.cfg = replace(model.cfg, tokenizer=str(out.resolve()))
+    if model.cfg.tokenizer != "byte":  # PaliGemma's tokenizer.model travels with the policy
+        model.cfg = replace(model.cfg, tokenizer=str(out.resolve()))
+        shutil.copy(find_tokenizer(parts.folder), out / "tokenizer.model")
     model.save_pretrained(out)
     parts.pipeline.save(out)
     parts.normalizer.save(out / NORM_STATS)
-    shutil.copy(find_tokenizer(parts.folder), out / "tokenizer.model")
     h = model.cfg.action_horizon
     modes = parts.normalizer.modes  # recomputed from the dataset, with the checkpoint's modes
     norm = NormConfig(state=modes.get(STATE_KEY, "mean_std"), action=modes.get(ACTION_KEY, "mean_std"))

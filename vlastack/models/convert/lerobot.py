@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import os
 import re
+import warnings
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import fields, replace
 from pathlib import Path
@@ -38,6 +39,7 @@ from vlastack.config import (
     TokenHeadConfig,
     VisionConfig,
     apply_overrides,
+    model_config_from_dict,
 )
 from vlastack.fileio import read_json
 from vlastack.models.convert.safetensors_io import TensorInfo, read_folder_header, read_tensor
@@ -48,6 +50,11 @@ GEMMA_VARIANTS = {
     "gemma_300m": dict(width=1024, depth=18, mlp_dim=4096, heads=8, kv_heads=1, head_dim=256),
 }
 SIGLIP_SO400M_HEADS = 16
+SIGLIP_SO400M = dict(width=1152, depth=27, mlp_dim=4304)
+# Written by ``vla export-lerobot`` beside LeRobot's files (LeRobot ignores it): our model config,
+# for what the tensors cannot say (attention head counts, the text tokenizer), so ``vla import``
+# of an exported folder rebuilds the same model with no overrides.
+VLASTACK_SIDECAR = "vlastack_config.json"
 IMAGE_PREFIX = "observation.images."
 EXTERNAL = ("lerobot", "openpi")
 
@@ -264,6 +271,12 @@ def config_from_checkpoint(
     if kind == "pi0_fast":
         cfg = _pi0_fast_config(folder, meta, vision, vlm, expert)
         return _apply(cfg, overrides), kind, meta
+    side = folder / VLASTACK_SIDECAR
+    if side.exists():  # exported by vlastack: the head counts and tokenizer it was trained with
+        vision, vlm, expert, tokenizer = _from_sidecar(side, vision, vlm, expert)
+    else:
+        tokenizer = str(folder)
+        _say_assumptions(folder, vision, vlm, expert, meta, overrides)
     action_dim = _shape(header, "action_in_proj.weight")[1]
     state_dim = _shape(header, "state_proj.weight")[1] if kind == "pi0" else meta.get("max_state_dim", 32)
     cameras = camera_names(meta)
@@ -281,9 +294,64 @@ def config_from_checkpoint(
         num_denoise_steps=meta.get("num_inference_steps", 10),
         time_min_period=meta.get("min_period", 4e-3),
         time_max_period=meta.get("max_period", 4.0),
-        tokenizer=str(folder),
+        tokenizer=tokenizer,
     )
     return _apply(with_kind(cfg, kind), overrides), kind, meta
+
+
+def _from_sidecar(
+    path: Path, vision: VisionConfig, vlm: DecoderConfig, expert: DecoderConfig
+) -> tuple[VisionConfig, DecoderConfig, DecoderConfig, str]:
+    """The shapes read from the tensors, with the head counts (and a file-free tokenizer) of the
+    vlastack config ``vla export-lerobot`` saved beside them; ValueError if the two disagree."""
+    saved = model_config_from_dict(read_json(path)["model"])
+    for name, ours, theirs in (
+        ("vision", vision, saved.vision),
+        ("vlm", vlm, saved.vlm),
+        ("expert", expert, saved.expert),
+    ):
+        for f in ("width", "depth", "mlp_dim"):
+            if getattr(ours, f) != getattr(theirs, f):
+                raise ValueError(
+                    f"{path}: model.{name}.{f}={getattr(theirs, f)} but the weights have {getattr(ours, f)}: "
+                    f"the folder's weights are not the ones exported with it; remove {path.name} to import "
+                    "from the weights alone"
+                )
+    heads = dict(heads=saved.vlm.heads, kv_heads=saved.vlm.kv_heads, head_dim=saved.vlm.head_dim)
+    vlm, expert = replace(vlm, **heads), replace(expert, **heads)
+    vision = replace(vision, heads=saved.vision.heads)
+    return vision, vlm, expert, saved.tokenizer if saved.tokenizer == "byte" else str(path.parent)
+
+
+def _say_assumptions(
+    folder: Path, vision: VisionConfig, vlm: DecoderConfig, expert: DecoderConfig, meta: dict, overrides
+) -> None:
+    """Head counts cannot be read from the tensors: they come from the variant names (Gemma) and
+    So400m (SigLIP). Where the shapes are not those, say what was assumed and how to change it."""
+    given = " ".join(overrides)
+    notes = []
+    if any(getattr(vision, k) != v for k, v in SIGLIP_SO400M.items()) and "vision.heads" not in given:
+        notes.append(
+            f"SigLIP heads={vision.heads} (So400m's; the encoder is {vision.width} wide, {vision.depth} deep)"
+        )
+    for name, dec, var in (("vlm", vlm, meta.get("paligemma_variant", "gemma_2b")),
+                           ("expert", expert, meta.get("action_expert_variant", "gemma_300m"))):  # fmt: skip
+        std = GEMMA_VARIANTS[var]
+        if (dec.width, dec.depth, dec.mlp_dim) != (
+            std["width"],
+            std["depth"],
+            std["mlp_dim"],
+        ) and f"{name}.heads" not in given:
+            notes.append(
+                f"{name} heads={dec.heads} head_dim={dec.head_dim} (from {var!r}; the weights are {dec.width} wide)"
+            )
+    if notes:
+        warnings.warn(
+            f"{folder}: shapes that are not the standard ones; assumed {'; '.join(notes)}. Head counts are "
+            "not in the weights: if these are wrong, pass e.g. model.vision.heads=N model.vlm.heads=N "
+            "model.vlm.head_dim=D (a folder written by `vla export-lerobot` carries them)",
+            stacklevel=3,
+        )
 
 
 def _apply(cfg: ModelConfig, overrides: list[str] | tuple[str, ...]) -> ModelConfig:
