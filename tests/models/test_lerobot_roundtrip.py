@@ -47,3 +47,42 @@ def test_export_lerobot_then_import_is_the_same_model(tmp_path, variant):
         given = ["vision.heads=4", "vlm.heads=4", "vlm.head_dim=32", "expert.heads=4", "expert.head_dim=32"]
         guessed, _, _ = config_from_checkpoint(exported, given)
     assert guessed.vision.heads == 4 and guessed.vlm.head_dim == 32 and not rec
+
+
+def test_policy_loading_detects_the_format_once_and_reads_each_part_once(tmp_path, monkeypatch):
+    """Issue #36 item 7: ``Policy.from_pretrained`` detects the format once, then one reader per
+    format builds the config, weights, pipeline and tokenizer, each once (the config used to be
+    derived twice and the format detected twice)."""
+    from pathlib import Path
+
+    import vlastack.infer.external as ext
+    import vlastack.models.convert.lerobot as lr
+    from vlastack.infer.policy import Policy
+
+    calls: dict[str, int] = {}
+
+    def counting(mod, name):
+        real = getattr(mod, name)
+
+        def wrapper(*a, **k):
+            calls[name] = calls.get(name, 0) + 1
+            return real(*a, **k)
+
+        monkeypatch.setattr(mod, name, wrapper)
+
+    for name in ("detect_format", "config_from_checkpoint", "build_from_checkpoint", "resolve_checkpoint"):
+        counting(ext, name)
+    counting(lr, "read_folder_header")
+    fixture = Path(__file__).resolve().parents[1] / "fixtures" / "lerobot" / "pi0"
+    import json
+
+    Policy.from_pretrained(
+        fixture, overrides=tuple(json.loads((fixture / "io.json").read_text())["overrides"])
+    )
+    assert calls == {"resolve_checkpoint": 1, "detect_format": 1, "config_from_checkpoint": 1,
+                     "build_from_checkpoint": 1}, calls  # fmt: skip
+    calls.clear()
+    torch.manual_seed(0)
+    build_model(load_config("tiny", overrides=MICRO).model).save_pretrained(tmp_path / "p")
+    Policy.from_pretrained(tmp_path / "p")
+    assert calls == {"resolve_checkpoint": 1, "detect_format": 1}, calls

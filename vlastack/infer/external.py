@@ -4,8 +4,8 @@
     Policy(parts.model, parts.normalizer, parts.tokenizer, preprocess=parts.pipeline)
     import_checkpoint("lerobot/pi05_base", "runs/pi05_base")   # -> a vlastack policy folder
 
-``Policy.from_pretrained`` calls ``load_parts`` for every folder; it returns None for a plain
-vlastack folder (no ``lerobot_pipeline.json``), which then loads as before.
+``Policy.from_pretrained`` is ``load_parts`` (format detected once, then one reader per format:
+``read_vlastack``, ``read_external``) composed into a ``Policy``.
 """
 
 from __future__ import annotations
@@ -14,18 +14,19 @@ import json
 import shutil
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from vlastack.config import Config, DataConfig, EvalConfig, NormConfig, TrainConfig, save_yaml
-from vlastack.data.stats import NORM_STATS
+from vlastack.data.stats import NORM_STATS, load_normalizer
 from vlastack.fileio import read_json
-from vlastack.infer.preprocess import ACTION_KEY, PIPELINE_FILE, STATE_KEY, ExactNormalizer, Pipeline
+from vlastack.infer.preprocess import ACTION_KEY, PIPELINE_FILE, STATE_KEY, Pipeline
 from vlastack.models.convert.lerobot import (
+    build_from_checkpoint,
     config_from_checkpoint,
     detect_format,
     hf_snapshot,
-    load_checkpoint,
     resolve_checkpoint,
 )
 from vlastack.models.convert.pi0_fast import attach_tokenizers
@@ -37,15 +38,17 @@ PALIGEMMA_TOKENIZER = "google/paligemma-3b-pt-224"
 
 @dataclass
 class Parts:
+    """What a policy folder of any format holds, for ``Policy``: the model, LeRobot's exact input
+    pipeline (None for a trained vlastack folder), the text tokenizer, the normalizer (None:
+    identity), the checkpoint kind, the folder and its format."""
+
     model: torch.nn.Module
-    pipeline: Pipeline
-    tokenizer: SentencePieceTokenizer
+    pipeline: Pipeline | None
+    tokenizer: Any
     kind: str
     folder: Path
-
-    @property
-    def normalizer(self) -> ExactNormalizer:
-        return self.pipeline.normalizer
+    normalizer: Any
+    fmt: str
 
 
 def tokenizer_name(folder: Path) -> str:
@@ -82,14 +85,6 @@ def find_tokenizer(folder: Path) -> Path:
     )
 
 
-def _existing_checkpoint(path: str | Path) -> Path | None:
-    p = Path(path).expanduser()
-    if not p.is_dir() and not (isinstance(path, str) and path.count("/") == 1 and hf_snapshot(path)):
-        return None
-    folder = resolve_checkpoint(path)
-    return folder if (folder / "config.json").exists() else None
-
-
 def load_parts(
     path: str | Path,
     overrides: list[str] | tuple[str, ...] = (),
@@ -97,27 +92,62 @@ def load_parts(
     dtype: torch.dtype | None = torch.float32,
     asset_id: str | None = None,
     device: str | torch.device = "cpu",
-) -> Parts | None:
-    """A LeRobot / openpi checkpoint or an imported vlastack folder -> ``Parts``; None for a
-    vlastack folder without a LeRobot pipeline."""
-    folder = _existing_checkpoint(path)
-    if folder is None:
-        return None  # not a checkpoint folder: the caller's own loader says what is wrong
+    ema: bool = False,
+) -> Parts:
+    """Any policy folder -> ``Parts``: the format is detected once (``detect_format``), then read by
+    that format's reader (``READERS``): a vlastack folder (trained, or imported with its LeRobot
+    pipeline), a LeRobot or an openpi checkpoint (a folder, its ``pretrained_model/`` parent, or a
+    Hub id in the local cache)."""
+    hub_id = isinstance(path, str) and path.count("/") == 1 and hf_snapshot(path) is not None
+    if not Path(path).expanduser().exists() and not hub_id:
+        raise ValueError(f"policy folder {path} does not exist (nor is it a Hub id in the local cache)")
+    folder = resolve_checkpoint(path)
     fmt = detect_format(folder)
     if fmt == "vlastack":
-        if not (folder / PIPELINE_FILE).exists():
-            return None
-        from vlastack.models.vla import VLA
-
         if overrides or not strict:
             raise ValueError(
                 "overrides/strict apply to LeRobot or openpi checkpoints, not to vlastack folders"
             )
-        model = VLA.from_pretrained(folder, device=device, dtype=dtype)
+        return read_vlastack(folder, ema, device)
+    if ema:
+        raise ValueError(
+            f"{folder} is a {fmt} checkpoint: it has no ema/ weights (ema applies to vlastack runs)"
+        )
+    return read_external(folder, fmt, overrides, strict, dtype, asset_id, device)
+
+
+def read_vlastack(folder: Path, ema: bool = False, device: str | torch.device = "cpu") -> Parts:
+    """A vlastack policy folder: ``config.json`` + weights (``ema/`` ones with ``ema``), its
+    ``norm_stats.json`` (identity without), and, if it was imported, its LeRobot pipeline."""
+    from vlastack.models.vla import VLA
+
+    weights = folder / "ema" if ema else folder
+    if ema and not weights.is_dir():
+        raise ValueError(f"{folder} has no ema/ folder (train with train.ema_decay > 0)")
+    model = VLA.from_pretrained(weights, device=device)
+    if (folder / PIPELINE_FILE).exists():  # imported: LeRobot's exact input pipeline
         pipe = Pipeline.load(folder)
-        return Parts(model, pipe, text_tokenizer(folder, model.cfg.tokenizer), pipe.kind, folder)
-    # Everything small first (config, processor, normalizer, tokenizer), the weights last: a wrong
-    # processor or missing tokenizer must not cost a 13 GB read before it is reported.
+        tok = text_tokenizer(folder, model.cfg.tokenizer)
+        return Parts(model, pipe, tok, pipe.kind, folder, pipe.normalizer, "vlastack")
+    stats = weights / NORM_STATS if (weights / NORM_STATS).exists() else folder / NORM_STATS
+    normalizer = load_normalizer(stats) if stats.exists() else None
+    return Parts(
+        model, None, load_tokenizer(model.cfg.tokenizer), model.cfg.head, folder, normalizer, "vlastack"
+    )
+
+
+def read_external(
+    folder: Path,
+    fmt: str,
+    overrides: list[str] | tuple[str, ...] = (),
+    strict: bool = True,
+    dtype: torch.dtype | None = torch.float32,
+    asset_id: str | None = None,
+    device: str | torch.device = "cpu",
+) -> Parts:
+    """A LeRobot or openpi pi0 / pi05 / pi0_fast checkpoint, everything small first (config,
+    processor, normalizer, tokenizer) and the weights last: a wrong processor or a missing tokenizer
+    must not cost a 13 GB read before it is reported."""
     header = read_folder_header(folder)
     cfg, kind, meta = config_from_checkpoint(folder, overrides, header)
     if fmt == "lerobot":
@@ -127,10 +157,10 @@ def load_parts(
     tok = text_tokenizer(folder, cfg.tokenizer)
     if tok.vocab_size > cfg.vlm.vocab_size:
         raise ValueError(f"tokenizer has {tok.vocab_size} pieces but the embedding {cfg.vlm.vocab_size} rows")
-    model, kind, meta = load_checkpoint(folder, overrides, strict=strict, dtype=dtype, header=header)
+    model = build_from_checkpoint(folder, cfg, kind, header, strict=strict, dtype=dtype)
     if kind == "pi0_fast":
         attach_tokenizers(model, folder, meta, tok)
-    return Parts(model.to(device), pipe, tok, kind, folder)
+    return Parts(model.to(device), pipe, tok, kind, folder, pipe.normalizer, fmt)
 
 
 def import_checkpoint(
@@ -147,12 +177,10 @@ def import_checkpoint(
     ``train.yaml`` (the model config with ``train.init_from`` = this folder, to fine-tune from it;
     ``data.norm_stats: dataset`` recomputes the statistics from the training data, ``init_from``
     keeps these; the result is served with what it was trained with)."""
-    if _existing_checkpoint(path) is None:
-        resolve_checkpoint(path)  # raises with the reason
-        raise ValueError(f"{path}: missing config.json (not a LeRobot or openpi checkpoint)")
-    parts = load_parts(path, overrides, strict, dtype, asset_id)
-    if parts is None:
+    folder = resolve_checkpoint(path)
+    if detect_format(folder) == "vlastack":
         raise ValueError(f"{path} is already a vlastack policy folder")
+    parts = load_parts(folder, overrides, strict, dtype, asset_id)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     model = parts.model

@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from vlastack.config import ModelConfig
-from vlastack.data.stats import NORM_STATS, ExactNormalizer, Normalizer, load_normalizer, stat_dim
+from vlastack.data.stats import ExactNormalizer, Normalizer, stat_dim
 from vlastack.infer.chunking import ActionChunker
 from vlastack.infer.obs import InputSpec, Obs, ObsError, build_batch, check_obs
 from vlastack.models.heads.rtc import guided_sample, prefix_sample, prefix_weights
@@ -205,25 +205,12 @@ class Policy:
         too, with their exact input pipeline (see infer/external.py); ``overrides`` and ``strict``
         apply to those."""
         from vlastack.infer.external import load_parts
-        from vlastack.models.vla import VLA
 
-        parts = None if ema else load_parts(path, overrides, strict, device=device)
-        if parts is not None:
-            return cls(parts.model, parts.normalizer, parts.tokenizer, device=device, dtype=dtype,
-                       compile=compile, preprocess=parts.pipeline, **kwargs)  # fmt: skip
-        path = Path(path)
-        if not path.is_dir():
-            raise ValueError(f"policy folder {path} does not exist")
-        weights = path / "ema" if ema else path
-        if ema and not weights.is_dir():
-            raise ValueError(f"{path} has no ema/ folder (train with train.ema_decay > 0)")
-        model = VLA.from_pretrained(weights, device=device)
-        if kwargs.get("replan_steps") is None:  # the steps per chunk `vla eval` runs it with
-            kwargs["replan_steps"] = saved_steps_per_chunk(path)
-        stats = weights / NORM_STATS if (weights / NORM_STATS).exists() else path / NORM_STATS
-        normalizer = load_normalizer(stats) if stats.exists() else identity_normalizer()
-        tokenizer = load_tokenizer(model.cfg.tokenizer)
-        return cls(model, normalizer, tokenizer, device=device, dtype=dtype, compile=compile, **kwargs)
+        parts = load_parts(path, overrides, strict, device=device, ema=ema)  # one reader per format
+        if parts.fmt == "vlastack" and kwargs.get("replan_steps") is None:
+            kwargs["replan_steps"] = saved_steps_per_chunk(parts.folder)  # what `vla eval` runs it with
+        return cls(parts.model, parts.normalizer, parts.tokenizer, device=device, dtype=dtype,
+                   compile=compile, preprocess=parts.pipeline, **kwargs)  # fmt: skip
 
     # ------------------------------------------------------------------ description
 

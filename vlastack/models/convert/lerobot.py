@@ -535,14 +535,26 @@ def load_checkpoint(
     """A LeRobot or openpi folder -> (our VLA on the CPU, "pi0" | "pi05" | "pi0_fast", its config.json).
     A pi0_fast model still needs its action tokenizer: ``models.convert.pi0_fast.attach_tokenizers``.
     ``header``: the folder's ``read_folder_header`` when the caller already read it."""
-    from vlastack.models.vla import VLA
-
     folder = resolve_checkpoint(path)
     fmt = detect_format(folder)
     if fmt not in EXTERNAL:
         raise ValueError(f"{folder} is a {fmt} folder, not a LeRobot or openpi checkpoint")
     header = header if header is not None else read_folder_header(folder)
     cfg, kind, meta = config_from_checkpoint(folder, overrides, header)
+    return build_from_checkpoint(folder, cfg, kind, header, strict, dtype), kind, meta
+
+
+def build_from_checkpoint(
+    folder: Path,
+    cfg: ModelConfig,
+    kind: str,
+    header: dict,
+    strict: bool = True,
+    dtype: torch.dtype | None = None,
+) -> torch.nn.Module:
+    """Our VLA for ``cfg`` (from ``config_from_checkpoint``) with the folder's weights, on the CPU."""
+    from vlastack.models.vla import VLA
+
     with torch.device("meta"):
         model = VLA(cfg)
     if kind == "pi05" and "head.state_proj.weight" in model.state_dict():
@@ -551,4 +563,4 @@ def load_checkpoint(
     for name, buf in model.named_buffers():  # non-persistent buffers (RoPE tables) are rebuilt
         if buf.device.type == "meta":
             raise ValueError(f"buffer {name} was not initialised")
-    return model.eval(), kind, meta
+    return model.eval()
