@@ -13,6 +13,7 @@ from typing import Any
 import yaml
 
 from vlastack.config.errors import ConfigError
+from vlastack.config.heads import HEAD_SPECS
 from vlastack.config.presets import PRESETS, VARIANT_DEFAULTS
 from vlastack.config.schema import Config, ModelConfig
 
@@ -105,21 +106,21 @@ def _from_dict(cls: type, data: dict, prefix: str = "", base: Any = None) -> Any
             kwargs[k] = _from_dict(tp, v, key, getattr(base, k) if base is not None else None)
         else:
             kwargs[k] = _coerce(v, tp, key)
-    if (
-        cls is ModelConfig
-        and "head_options" not in kwargs
-        and base is not None
-        and kwargs.get("head", base.head) != base.head
-    ):
-        kwargs["head_options"] = None  # another head: its own defaults, not the old head's options
+    if cls is ModelConfig:
+        _switching_heads(kwargs, base)
     return _construct(cls, kwargs, prefix, base)
+
+
+def _switching_heads(kwargs: dict, base: ModelConfig | None) -> None:
+    """A new ``model.head`` on top of ``base`` starts from its own default options, not from the
+    previous head's ``head_options``."""
+    if "head_options" not in kwargs and base is not None and kwargs.get("head", base.head) != base.head:
+        kwargs["head_options"] = None
 
 
 def _head_options(head: str, value: Any, key: str, base: Any) -> Any:
     """``model.head_options`` of head ``head`` from a mapping, on top of ``base``'s when they are
     the same head's (``HeadSpec.options_cls``)."""
-    from vlastack.config.heads import HEAD_SPECS
-
     spec = HEAD_SPECS.get(head)
     if value is None or spec is None:  # an unknown head is reported by ModelConfig itself
         return value
@@ -213,12 +214,8 @@ def _apply_nested(obj: Any, nested: dict, prefix: str) -> Any:
             kwargs[k] = _apply_nested(cur, v, key)
         else:
             kwargs[k] = _coerce(v, hints[k], key)
-    if (
-        isinstance(obj, ModelConfig)
-        and "head_options" not in kwargs
-        and kwargs.get("head", obj.head) != obj.head
-    ):
-        kwargs["head_options"] = None  # another head: its own defaults, not the old head's options
+    if isinstance(obj, ModelConfig):
+        _switching_heads(kwargs, obj)
     return _construct(type(obj), kwargs, prefix, obj)
 
 
@@ -240,7 +237,7 @@ def _variant_defaults(preset: str, cfg: Config, data: dict, overrides: list[str]
     """``presets.VARIANT_DEFAULTS`` for the variant the YAML or overrides pick, where neither sets
     the key itself (so the tiny preset's Pi0.5 has room for its state in the prompt)."""
     model = data.get("model") if isinstance(data.get("model"), dict) else {}
-    given = {".".join(parse_override(o)[0]): parse_override(o)[1] for o in overrides if "=" in o}
+    given = {".".join(path): value for path, value in map(parse_override, overrides)}
     variant = given.get("model.variant", model.get("variant", cfg.model.variant))
     chosen = VARIANT_DEFAULTS.get(preset, {}).get(variant, {})
     keep = {k: v for k, v in chosen.items() if k not in model and f"model.{k}" not in given}
