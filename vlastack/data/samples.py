@@ -127,8 +127,9 @@ class VLADataset(Dataset):
         self.normalizer = normalizer or normalizer_from_stats(self.ds.stats, cfg)
         self.tokenizer = load_tokenizer(m.tokenizer)
         if m.state_in_prompt:  # a prompt cut short loses the state: check every task's longest one
-            worst = {t: pi05_prompt_len(self.tokenizer, t, np.ones(self.state_dim)) for t in self.ds.tasks}
-            task, need = max(worst.items(), key=lambda kv: kv[1])
+            need, task = max(
+                (pi05_prompt_len(self.tokenizer, t, np.ones(self.state_dim)), t) for t in self.ds.tasks
+            )
             if need > m.max_text_len:
                 raise ValueError(
                     f"{root}: the Pi0.5 prompt of task {task!r} with the {self.state_dim}-dim state needs up "

@@ -62,7 +62,7 @@ def _build(cfg: Config):
     return model, build_optimizer(model, adamw)
 
 
-def _fit_token_head(model, cfg: Config, batch_size: int) -> None:
+def _prepare_head(model, cfg: Config, batch_size: int) -> None:
     """The head's own ``prepare`` on dummy samples (a token head fits its action tokenizer)."""
     from torch._subclasses.fake_tensor import unset_fake_temporarily
 
@@ -90,7 +90,7 @@ def _run_train(cfg: Config, batch_size: int, steps: int, fake: bool) -> LiveTens
     from vlastack.train.step import train_step
 
     model, opt = _build(cfg)
-    _fit_token_head(model, cfg, batch_size)
+    _prepare_head(model, cfg, batch_size)
     batch = dummy_batch(cfg.model, batch_size)
     tr = LiveTensorTracker(training_roles(model, opt, batch.values()), fake_scalars=fake)
     tr.track([*model.parameters(), *model.buffers(), *batch.values()])
@@ -108,7 +108,7 @@ def _run_infer(cfg: Config, batch_size: int, fake: bool) -> LiveTensorTracker:
 
     torch.manual_seed(0)
     model = build_model(cfg.model).eval()
-    _fit_token_head(model, cfg, batch_size)
+    _prepare_head(model, cfg, batch_size)
     batch = dummy_batch(cfg.model, batch_size, train=False)
     tr = LiveTensorTracker(training_roles(model, None, batch.values()), fake_scalars=fake)
     tr.track([*model.parameters(), *model.buffers(), *batch.values()])
