@@ -1,6 +1,7 @@
 """Fault-injection figures: run every trial of tests/faults (the slow ones too) and count.
 
     PYTHONPATH=$PWD python bench/faults.py [--random-kills 10] [--repeats 3]
+    PYTHONPATH=$PWD python bench/faults.py --only-drain [--repeats 5]   # -> serve_drain.json
 
 For each fault kind: trials, passed, and time to clear the error (seconds from the fault to a clear
 outcome: the one-line error printed, the error reply received, or the resumed run finished
@@ -126,7 +127,29 @@ def run_all(tmp: Path, random_kills: int, repeats: int, log) -> list[Trial]:
         add(st.drain_trial(Policy.from_pretrained(good, seed=0)))
     for _ in range(max(1, repeats - 1)):
         add(st.sigterm_under_load_trial(good))
+    for t in drain_trials(good, repeats):
+        add(t)
     return trials
+
+
+# SIGTERM while 2000x2000 images are uploading (issue #34 item 1): polite websocket clients, then
+# clients that retry at once after "shutting down" / 503, with HTTP uploads beside them.
+DRAIN_SETUPS = (
+    dict(ws_clients=8, http_clients=0, eager=False),
+    dict(ws_clients=8, http_clients=10, eager=True),
+    dict(ws_clients=24, http_clients=10, eager=True),
+)
+
+
+def drain_trials(policy_dir: Path, repeats: int) -> list[Trial]:
+    out = []
+    for setup in DRAIN_SETUPS:
+        for _ in range(repeats):
+            t = st.large_upload_sigterm_trial(policy_dir, **setup)
+            t.kind = f"{t.kind}_{setup['ws_clients']}ws_{setup['http_clients']}http"
+            print(f"{t.kind}: ok={t.ok} {t.detail}", flush=True)
+            out.append(t)
+    return out
 
 
 def summarize(trials: list[Trial]) -> dict:
@@ -150,8 +173,13 @@ def main() -> int:
     ap.add_argument("--random-kills", type=int, default=10, help="kill -9 trials at random moments")
     ap.add_argument("--repeats", type=int, default=3, help="repeats of each serving trial")
     ap.add_argument("--no-write", action="store_true")
+    ap.add_argument(
+        "--only-drain", action="store_true", help="only the large-upload SIGTERM trials (serve_drain.json)"
+    )
     args = ap.parse_args()
     t0 = time.perf_counter()
+    if args.only_drain:
+        return only_drain(args.repeats, not args.no_write)
     with tempfile.TemporaryDirectory(prefix="vla-faults-") as d:
         trials = run_all(Path(d), args.random_kills, args.repeats, lambda s: print(s, flush=True))
     kinds = summarize(trials)
@@ -176,6 +204,41 @@ def main() -> int:
     if not args.no_write:
         print(f"wrote {write_results('faults', payload)}")
     return 0 if passed == total else 1
+
+
+def only_drain(repeats: int, write: bool) -> int:
+    from tests.faults.conftest import micro_policy
+
+    t0 = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="vla-drain-") as d:
+        trials = drain_trials(micro_policy(Path(d) / "p"), repeats)
+    kinds = summarize(trials)
+    for kind in kinds:
+        ts = [t for t in trials if t.kind == kind]
+        kinds[kind]["exit_s_max"] = max(t.detail["exit_s"] for t in ts)
+        kinds[kind]["lost"] = sum(t.detail["lost"] for t in ts)
+        kinds[kind]["replies"] = {
+            k: sum(t.detail["replies"].get(k, 0) for t in ts)
+            for k in sorted({k for t in ts for k in t.detail["replies"]})
+        }
+    print_table(
+        [{"kind": k, **v} for k, v in kinds.items()], ["kind", "trials", "passed", "exit_s_max", "lost"]
+    )
+    payload = {
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "cpu": cpu_flags(),
+        "definition": "vla serve --drain-timeout 10 gets SIGTERM 3 s into uploads of 2000x2000 uint8 images "
+        "(msgpack over websocket; base64 JSON over HTTP), one request at a time per client. lost: websocket "
+        "messages that arrived before their connection's close and got no reply (the server's own count, "
+        "logged at exit) plus HTTP requests reset; exit_s: SIGTERM to process exit. Passing: exit 0, "
+        "lost 0, exit within 10 + 2 s.",
+        "kinds": kinds,
+        "wall_s": round(time.perf_counter() - t0, 1),
+        "failures": [{"kind": t.kind, **t.detail} for t in trials if not t.ok],
+    }
+    if write:
+        print(f"wrote {write_results('serve_drain', payload)}")
+    return 0 if all(t.ok for t in trials) else 1
 
 
 if __name__ == "__main__":

@@ -341,3 +341,131 @@ def sigterm_under_load_trial(policy_dir: Path, clients: int = 8) -> Trial:
     bad = {k: v for k, v in kinds.items() if k not in ("200", "503", "refused")}
     ok = rc == 0 and not bad and kinds.get("200", 0) > 0
     return Trial("sigterm_under_load", ok, dt, {"rc": rc, "replies": kinds})
+
+
+def large_upload_sigterm_trial(
+    policy_dir: Path,
+    ws_clients: int = 8,
+    http_clients: int = 0,
+    side: int = 2000,
+    drain_timeout: float = 10,
+    eager: bool = False,
+) -> Trial:
+    """Issue #34 item 1: ``vla serve --drain-timeout`` gets SIGTERM while websocket (and HTTP)
+    clients keep uploading ``side`` x ``side`` images, one request at a time each. Every message a
+    websocket client finished sending gets a reply (actions, or ``shutting down`` after which the
+    client stops, as a polite client does), never only the close frame; HTTP clients get 200 or 503,
+    never a reset; the process exits 0 within ``drain_timeout`` (+2 s of slack for the exit).
+    ``eager``: clients retry at once after ``shutting down`` / 503 until closed or refused; a message
+    sent after the client was told ``shutting down`` may then get the close frame (the client knows
+    to go elsewhere), any other may not."""
+    from openpi_client import msgpack_numpy
+    from websockets.exceptions import ConnectionClosed
+    from websockets.sync.client import connect
+
+    proc, port, hport = start_cli_server(policy_dir, "--drain-timeout", str(drain_timeout))
+    signalled = threading.Event()
+    results: list[str] = []
+    lock = threading.Lock()
+
+    def note(r: str) -> None:
+        with lock:
+            results.append(r)
+
+    def big_obs(i: int) -> dict:
+        obs = make_obs(i)
+        obs["images"]["scene"] = np.random.default_rng(i).integers(0, 256, (side, side, 3), dtype=np.uint8)
+        return obs
+
+    def ws_client(i: int) -> None:
+        msg = msgpack_numpy.packb(big_obs(i))
+        try:
+            ws = connect(f"ws://{HOST}:{port}", max_size=None, open_timeout=30, close_timeout=5)
+            ws.recv(timeout=30)  # metadata
+        except Exception as e:
+            return note(f"ws connect: {type(e).__name__}")
+        told = False  # this client was told "shutting down"
+        with ws:
+            while True:
+                try:
+                    ws.send(msg)
+                except ConnectionClosed:
+                    return note("ws closed before the message was sent")  # no bytes of it to answer
+                try:
+                    reply = ws.recv(timeout=60)
+                except ConnectionClosed as e:
+                    if told:
+                        return note("ws closed after shutting down")
+                    return note(f"ws closed as it was sent (close {e.rcvd.code if e.rcvd else None})")
+                except TimeoutError:
+                    return note("ws RESET (no reply in 60 s)")
+                if isinstance(reply, bytes):
+                    note("ws actions")
+                elif "shutting down" in reply:
+                    note("ws shutting down")
+                    told = True
+                    if not eager:
+                        return None
+                else:
+                    return note(f"ws error: {reply[:60]}")
+
+    def http_client(i: int) -> None:
+        img = big_obs(i)["images"]["scene"]
+        body = json.dumps({
+            "images": {"scene": {"b64": base64.b64encode(img.tobytes()).decode(), "dtype": "uint8",
+                                 "shape": list(img.shape)}},
+            "state": make_obs(i)["state"].tolist(), "prompt": "pick up the red cube",
+        }).encode()  # fmt: skip
+        while True:
+            try:
+                r = f"http {post_act(hport, body, timeout=60)[0]}"
+            except ConnectionRefusedError:
+                return note("http refused")
+            except Exception as e:
+                return note(f"http RESET ({type(e).__name__})")
+            note(r)
+            if (r == "http 503" and not eager) or (r == "http 200" and signalled.is_set()):
+                return
+
+    threads = [threading.Thread(target=ws_client, args=(i,), daemon=True) for i in range(ws_clients)]
+    threads += [threading.Thread(target=http_client, args=(i,), daemon=True) for i in range(http_clients)]
+    for t in threads:
+        t.start()
+    time.sleep(3.0)
+    t0 = time.perf_counter()
+    proc.send_signal(signal.SIGTERM)
+    signalled.set()
+    try:
+        rc = proc.wait(60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        rc = None
+    exit_s = time.perf_counter() - t0
+    for t in threads:
+        t.join(60)
+    log_tail = proc.stderr.read()[-2000:] if proc.stderr else ""
+    kinds = {k: results.count(k) for k in sorted(set(results))}
+    # The server's count is the truth for "arrived before the close": a client whose send completed
+    # just as the close frame went out sees a close without a reply, but its message never arrived.
+    m = re.search(r"drained: (\d+) websocket message\(s\) arrived but got no reply", log_tail)
+    lost = (int(m.group(1)) if m else 0) + sum(v for k, v in kinds.items() if "RESET" in k)
+    drained = re.findall(r"(?:shutting down|drained): .*", log_tail)
+    ok = (
+        rc == 0
+        and lost == 0
+        and exit_s <= drain_timeout + 2
+        and any("actions" in k or "200" in k for k in kinds)
+        and any(d.startswith("drained") for d in drained)
+    )
+    return Trial(
+        "sigterm_large_uploads" + ("_eager" if eager else ""),
+        ok,
+        exit_s,
+        {
+            "rc": rc,
+            "exit_s": round(exit_s, 2),
+            "replies": kinds,
+            "lost": lost,
+            "log": drained[-2:],
+        },
+    )

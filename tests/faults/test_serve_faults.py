@@ -59,6 +59,16 @@ def test_vla_serve_sigterm_under_load(good_policy):
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("eager", [False, True], ids=["polite", "eager"])
+def test_vla_serve_sigterm_during_large_uploads_answers_every_arrived_message(good_policy, eager):
+    """Issue #34 item 1: 2000x2000 images uploading over websockets (and HTTP) at SIGTERM: every
+    websocket message that arrived before its connection's close gets a reply (the server counts),
+    no HTTP request is reset, and `vla serve --drain-timeout 10` exits 0 within the timeout."""
+    t = st.large_upload_sigterm_trial(good_policy, ws_clients=8, http_clients=4 if eager else 0, eager=eager)
+    assert t.ok, t.detail
+
+
+@pytest.mark.slow
 def test_vla_serve_nan_policy_black_box(nan_policy):
     """The real `vla serve` process: HTTP 500 + websocket error for a NaN policy."""
     import json

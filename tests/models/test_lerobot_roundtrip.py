@@ -49,40 +49,53 @@ def test_export_lerobot_then_import_is_the_same_model(tmp_path, variant):
     assert guessed.vision.heads == 4 and guessed.vlm.head_dim == 32 and not rec
 
 
-def test_policy_loading_detects_the_format_once_and_reads_each_part_once(tmp_path, monkeypatch):
-    """Issue #36 item 7: ``Policy.from_pretrained`` detects the format once, then one reader per
-    format builds the config, weights, pipeline and tokenizer, each once (the config used to be
-    derived twice and the format detected twice)."""
+@pytest.mark.parametrize("fmt", ["pi0", "pi05", "pi0_fast", "vlastack"])
+def test_policy_loading_reads_each_file_of_the_folder_once(tmp_path, monkeypatch, fmt):
+    """Issue #36: the loader walk enters each room once. ``Policy.from_pretrained`` locates the
+    folder once (resolved, config.json read, format detected), then its format's reader derives the
+    config, pipeline, tokenizers and weights, and every file is opened once: config.json used to be
+    read twice, pi0_fast's FAST processor twice, and model.safetensors once per tensor."""
+    import builtins
+    import io
+    import json
+    import os
+    from collections import Counter
     from pathlib import Path
 
     import vlastack.infer.external as ext
-    import vlastack.models.convert.lerobot as lr
     from vlastack.infer.policy import Policy
 
-    calls: dict[str, int] = {}
+    if fmt == "vlastack":
+        torch.manual_seed(0)
+        folder = tmp_path / "p"
+        build_model(load_config("tiny", overrides=MICRO).model).save_pretrained(folder)
+        overrides: tuple[str, ...] = ()
+    else:
+        folder = Path(__file__).resolve().parents[1] / "fixtures" / "lerobot" / fmt
+        overrides = tuple(json.loads((folder / "io.json").read_text()).get("overrides", []))
+    opened: Counter = Counter()
+    real_open, real_os_open = io.open, os.open
 
-    def counting(mod, name):
-        real = getattr(mod, name)
+    def counting_open(file, *a, **k):
+        opened[Path(file).resolve()] += 1
+        return real_open(file, *a, **k)
 
-        def wrapper(*a, **k):
-            calls[name] = calls.get(name, 0) + 1
-            return real(*a, **k)
+    def counting_os_open(file, *a, **k):
+        opened[Path(file).resolve()] += 1
+        return real_os_open(file, *a, **k)
 
-        monkeypatch.setattr(mod, name, wrapper)
-
-    for name in ("detect_format", "config_from_checkpoint", "build_from_checkpoint", "resolve_checkpoint"):
-        counting(ext, name)
-    counting(lr, "read_folder_header")
-    fixture = Path(__file__).resolve().parents[1] / "fixtures" / "lerobot" / "pi0"
-    import json
-
-    Policy.from_pretrained(
-        fixture, overrides=tuple(json.loads((fixture / "io.json").read_text())["overrides"])
-    )
-    assert calls == {"resolve_checkpoint": 1, "detect_format": 1, "config_from_checkpoint": 1,
-                     "build_from_checkpoint": 1}, calls  # fmt: skip
-    calls.clear()
-    torch.manual_seed(0)
-    build_model(load_config("tiny", overrides=MICRO).model).save_pretrained(tmp_path / "p")
-    Policy.from_pretrained(tmp_path / "p")
-    assert calls == {"resolve_checkpoint": 1, "detect_format": 1}, calls
+    located = []
+    real_locate = ext.locate
+    monkeypatch.setattr(ext, "locate", lambda p: located.append(p) or real_locate(p))
+    monkeypatch.setattr(builtins, "open", counting_open)
+    monkeypatch.setattr(io, "open", counting_open)
+    monkeypatch.setattr(os, "open", counting_os_open)
+    Policy.from_pretrained(folder, overrides=overrides)
+    monkeypatch.undo()
+    mine = {p.relative_to(folder.resolve()).as_posix(): n for p, n in opened.items()
+            if p.is_relative_to(folder.resolve())}  # fmt: skip
+    assert len(located) == 1
+    assert "config.json" in mine and any(k.endswith(".safetensors") for k in mine), mine
+    # an imported model.safetensors: its header, then one descriptor shared by every tensor read
+    at_most = {"model.safetensors": 2}
+    assert {k: n for k, n in mine.items() if n > at_most.get(k, 1)} == {}, mine

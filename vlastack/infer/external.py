@@ -4,8 +4,9 @@
     Policy(parts.model, parts.normalizer, parts.tokenizer, preprocess=parts.pipeline)
     import_checkpoint("lerobot/pi05_base", "runs/pi05_base")   # -> a vlastack policy folder
 
-``Policy.from_pretrained`` is ``load_parts`` (format detected once, then one reader per format:
-``read_vlastack``, ``read_external``) composed into a ``Policy``.
+``Policy.from_pretrained`` is ``load_parts`` (``locate``: the folder resolved, its config.json read
+and its format detected, once; then one reader per format: ``read_vlastack``, ``read_external``)
+composed into a ``Policy``. Every file of the folder is read once per load.
 """
 
 from __future__ import annotations
@@ -23,14 +24,13 @@ from vlastack.data.stats import NORM_STATS, load_normalizer
 from vlastack.fileio import read_json
 from vlastack.infer.preprocess import ACTION_KEY, PIPELINE_FILE, STATE_KEY, Pipeline
 from vlastack.models.convert.lerobot import (
+    Checkpoint,
     build_from_checkpoint,
     config_from_checkpoint,
-    detect_format,
     hf_snapshot,
-    resolve_checkpoint,
+    locate,
 )
 from vlastack.models.convert.pi0_fast import attach_tokenizers
-from vlastack.models.convert.safetensors_io import read_folder_header
 from vlastack.models.tokenizer import SentencePieceTokenizer, load_tokenizer
 
 PALIGEMMA_TOKENIZER = "google/paligemma-3b-pt-224"
@@ -86,7 +86,7 @@ def find_tokenizer(folder: Path) -> Path:
 
 
 def load_parts(
-    path: str | Path,
+    path: str | Path | Checkpoint,
     overrides: list[str] | tuple[str, ...] = (),
     strict: bool = True,
     dtype: torch.dtype | None = torch.float32,
@@ -94,37 +94,37 @@ def load_parts(
     device: str | torch.device = "cpu",
     ema: bool = False,
 ) -> Parts:
-    """Any policy folder -> ``Parts``: the format is detected once (``detect_format``), then read by
-    that format's reader (``READERS``): a vlastack folder (trained, or imported with its LeRobot
-    pipeline), a LeRobot or an openpi checkpoint (a folder, its ``pretrained_model/`` parent, or a
-    Hub id in the local cache)."""
+    """Any policy folder -> ``Parts``: located once (``locate``), then read by its format's reader:
+    a vlastack folder (trained, or imported with its LeRobot pipeline), a LeRobot or an openpi
+    checkpoint (a folder, its ``pretrained_model/`` parent, or a Hub id in the local cache)."""
     hub_id = isinstance(path, str) and path.count("/") == 1 and hf_snapshot(path) is not None
-    if not Path(path).expanduser().exists() and not hub_id:
+    if not isinstance(path, Checkpoint) and not Path(path).expanduser().exists() and not hub_id:
         raise ValueError(f"policy folder {path} does not exist (nor is it a Hub id in the local cache)")
-    folder = resolve_checkpoint(path)
-    fmt = detect_format(folder)
-    if fmt == "vlastack":
+    ckpt = locate(path)
+    if ckpt.fmt == "vlastack":
         if overrides or not strict:
             raise ValueError(
                 "overrides/strict apply to LeRobot or openpi checkpoints, not to vlastack folders"
             )
-        return read_vlastack(folder, ema, device)
+        return read_vlastack(ckpt, ema, device)
     if ema:
         raise ValueError(
-            f"{folder} is a {fmt} checkpoint: it has no ema/ weights (ema applies to vlastack runs)"
+            f"{ckpt.folder} is a {ckpt.fmt} checkpoint: it has no ema/ weights (ema applies to vlastack runs)"
         )
-    return read_external(folder, fmt, overrides, strict, dtype, asset_id, device)
+    return read_external(ckpt, overrides, strict, dtype, asset_id, device)
 
 
-def read_vlastack(folder: Path, ema: bool = False, device: str | torch.device = "cpu") -> Parts:
+def read_vlastack(ckpt: Checkpoint, ema: bool = False, device: str | torch.device = "cpu") -> Parts:
     """A vlastack policy folder: ``config.json`` + weights (``ema/`` ones with ``ema``), its
     ``norm_stats.json`` (identity without), and, if it was imported, its LeRobot pipeline."""
     from vlastack.models.vla import VLA
 
+    folder = ckpt.folder
     weights = folder / "ema" if ema else folder
     if ema and not weights.is_dir():
         raise ValueError(f"{folder} has no ema/ folder (train with train.ema_decay > 0)")
-    model = VLA.from_pretrained(weights, device=device)
+    # ema/ has its own config.json; the folder's was read by locate
+    model = VLA.from_pretrained(weights, device=device, config=None if ema else ckpt.meta)
     if (folder / PIPELINE_FILE).exists():  # imported: LeRobot's exact input pipeline
         pipe = Pipeline.load(folder)
         tok = text_tokenizer(folder, model.cfg.tokenizer)
@@ -137,8 +137,7 @@ def read_vlastack(folder: Path, ema: bool = False, device: str | torch.device = 
 
 
 def read_external(
-    folder: Path,
-    fmt: str,
+    ckpt: Checkpoint,
     overrides: list[str] | tuple[str, ...] = (),
     strict: bool = True,
     dtype: torch.dtype | None = torch.float32,
@@ -148,19 +147,19 @@ def read_external(
     """A LeRobot or openpi pi0 / pi05 / pi0_fast checkpoint, everything small first (config,
     processor, normalizer, tokenizer) and the weights last: a wrong processor or a missing tokenizer
     must not cost a 13 GB read before it is reported."""
-    header = read_folder_header(folder)
-    cfg, kind, meta = config_from_checkpoint(folder, overrides, header)
-    if fmt == "lerobot":
+    folder = ckpt.folder
+    cfg, kind, meta = config_from_checkpoint(ckpt, overrides)
+    if ckpt.fmt == "lerobot":
         pipe = Pipeline.from_lerobot(folder, kind, meta, cfg)
     else:
         pipe = Pipeline.from_openpi(folder, kind, cfg, asset_id)
     tok = text_tokenizer(folder, cfg.tokenizer)
     if tok.vocab_size > cfg.vlm.vocab_size:
         raise ValueError(f"tokenizer has {tok.vocab_size} pieces but the embedding {cfg.vlm.vocab_size} rows")
-    model = build_from_checkpoint(folder, cfg, kind, header, strict=strict, dtype=dtype)
+    model = build_from_checkpoint(ckpt, cfg, kind, strict=strict, dtype=dtype)
     if kind == "pi0_fast":
-        attach_tokenizers(model, folder, meta, tok)
-    return Parts(model.to(device), pipe, tok, kind, folder, pipe.normalizer, fmt)
+        attach_tokenizers(model, ckpt, tok)
+    return Parts(model.to(device), pipe, tok, kind, folder, pipe.normalizer, ckpt.fmt)
 
 
 def import_checkpoint(
@@ -177,10 +176,10 @@ def import_checkpoint(
     ``train.yaml`` (the model config with ``train.init_from`` = this folder, to fine-tune from it;
     ``data.norm_stats: dataset`` recomputes the statistics from the training data, ``init_from``
     keeps these; the result is served with what it was trained with)."""
-    folder = resolve_checkpoint(path)
-    if detect_format(folder) == "vlastack":
+    ckpt = locate(path)
+    if ckpt.fmt == "vlastack":
         raise ValueError(f"{path} is already a vlastack policy folder")
-    parts = load_parts(folder, overrides, strict, dtype, asset_id)
+    parts = load_parts(ckpt, overrides, strict, dtype, asset_id)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     model = parts.model

@@ -12,9 +12,12 @@ HTTP (``http_port``, default ``port + 1``; ``GET`` also answers on the websocket
 Every reply, on either transport, comes out of ``Batcher``: a policy output with a NaN or inf is
 never sent as actions. Its request fails with ``NonFiniteOutput`` (HTTP 500 ``{"error": ...}``, a
 websocket ``error:`` text frame; metric ``vla_errors_total{reason="non_finite_output"}``). On
-SIGTERM the server drains: both listeners stay open until in-flight requests finish (or
-``drain_timeout_s``), and what arrives meanwhile gets a reply (HTTP 503, websocket 503 at the
-handshake or an ``error: ... shutting down`` frame), not a bare close.
+SIGTERM the server drains, all within ``drain_timeout_s``: both listeners stay open until in-flight
+requests finish, and what arrives meanwhile gets a reply (HTTP 503, websocket 503 at the handshake
+or an ``error: ... shutting down`` frame), not a bare close. Each open websocket is closed (1001) by
+its own handler once it has been quiet for ``drain_grace_s``: every message whose bytes arrived
+before the close frame has had its reply, so a client always knows whether to retry. Decoding and
+checking a message run off the event loop, so large uploads cannot stall the drain.
 
 All observations go through one ``Batcher`` thread, which runs at most ``max_batch`` of them per
 forward pass: there is never more than one forward pass at a time. With ``token`` set, requests
@@ -32,6 +35,7 @@ import hmac
 import json
 import logging
 import queue
+import struct
 import sys
 import threading
 import time
@@ -41,8 +45,16 @@ from typing import Any
 
 import numpy as np
 from websockets.asyncio.server import ServerConnection, serve
+
+try:  # the drain's unread-bytes test (Unix); elsewhere it relies on the arrival time alone
+    import fcntl
+    import termios
+except ImportError:  # pragma: no cover
+    fcntl = termios = None  # type: ignore[assignment]
 from websockets.exceptions import ConnectionClosed
+from websockets.frames import Frame, Opcode
 from websockets.http11 import Request, Response
+from websockets.protocol import State
 
 from vlastack.infer.metrics import Metrics
 from vlastack.infer.obs import Obs, ObsError
@@ -190,6 +202,39 @@ class _HTTPServer(ThreadingHTTPServer):
             log.exception("http: error while handling a request from %s", client_address[0])
 
 
+class _Connection(ServerConnection):
+    """A websocket connection that notes when its last bytes arrived (the drain's quiet test)."""
+
+    last_data = 0.0
+    told = False  # it has been sent "server is shutting down"
+    received = 0  # messages whose last byte arrived while the connection was open (before a close)
+    answered = 0
+
+    def process_event(self, event: Any) -> None:
+        if (
+            isinstance(event, Frame)
+            and event.fin
+            and event.opcode in (Opcode.TEXT, Opcode.BINARY, Opcode.CONT)
+            and self.protocol.state is State.OPEN
+        ):
+            self.received += 1
+        super().process_event(event)
+
+    def data_received(self, data: bytes) -> None:
+        self.last_data = time.monotonic()
+        super().data_received(data)
+
+    def unread_bytes(self) -> int:
+        """Bytes that arrived in the kernel's socket buffer but were not read yet (a busy event loop,
+        or reading paused for flow control); 0 where the platform cannot tell."""
+        try:
+            sock = self.transport.get_extra_info("socket")
+            raw = fcntl.ioctl(sock.fileno(), termios.FIONREAD, b"\0\0\0\0")
+            return struct.unpack("i", raw)[0]
+        except (AttributeError, OSError):
+            return 0
+
+
 def _authorized(header: str | None, token: str | None) -> bool:
     if not token:
         return True
@@ -222,6 +267,10 @@ class PolicyServer:
         self.batcher = Batcher(policy, max_batch, self.metrics)
         self.metadata = policy.metadata | {"max_message_bytes": max_message_bytes, "max_batch": max_batch}
         self.draining = False
+        self.unanswered = 0  # websocket messages that arrived before a close and got no reply
+        self._drain_started: asyncio.Event | None = None  # made on the serving loop
+        # msgpack decoding and the observation check of a large image take tens of ms: off the loop
+        self._decoder = concurrent.futures.ThreadPoolExecutor(2, thread_name_prefix="vla-decode")
         self.ready = threading.Event()
 
     # ------------------------------------------------------------------ shared request path
@@ -230,6 +279,11 @@ class PolicyServer:
         if self.draining:
             raise Unavailable("server is shutting down")
         return self.batcher.submit(self.policy.check(obs))
+
+    def _ws_act(self, msg: bytes) -> concurrent.futures.Future:
+        if self.draining:  # answered at once, without decoding a large upload first
+            raise Unavailable("server is shutting down")
+        return self._act(unpackb(msg, self.max_bytes))
 
     @staticmethod
     def _reply(result: dict, timing: dict, t0: float) -> dict:
@@ -256,32 +310,65 @@ class PolicyServer:
             return resp
         return None
 
-    async def _ws_handler(self, ws: ServerConnection) -> None:
+    async def _ws_handler(self, ws: _Connection) -> None:
         self.metrics.add("connections", 1)
         try:
             await ws.send(packb(self.metadata))
-            async for msg in ws:
+            while (msg := await self._next_message(ws)) is not None:
                 await self._ws_request(ws, msg)
+            await ws.close(1001, "server shutting down")  # draining, and quiet: nothing unanswered
         except ConnectionClosed:
             pass
         finally:
             self.metrics.add("connections", -1)
+            if ws.protocol.close_rcvd_then_sent is False:  # the server closed first: none may be left
+                self.unanswered += max(ws.received - ws.answered, 0)
 
-    async def _ws_request(self, ws: ServerConnection, msg: str | bytes) -> None:
+    async def _next_message(self, ws: _Connection) -> str | bytes | None:
+        """The connection's next message; None once the server drains and the connection has either
+        been told "shutting down" (a message already received is still answered first) or been quiet
+        (no byte received) for ``drain_grace_s`` (a large upload still arriving is read and
+        answered). Raises ``ConnectionClosed`` when the client closes."""
+        recv = asyncio.ensure_future(ws.recv())
+        try:
+            if ws.told:  # what arrives after the notice was sent after it: the client knows
+                await asyncio.wait({recv}, timeout=0.005)  # a message already received is handed over
+                return recv.result() if recv.done() else None
+            if not self.draining:
+                stop = asyncio.ensure_future(self._drain_started.wait())
+                try:
+                    await asyncio.wait({recv, stop}, return_when=asyncio.FIRST_COMPLETED)
+                finally:
+                    stop.cancel()
+            while not recv.done():
+                await asyncio.wait({recv}, timeout=self.drain_grace_s)
+                await asyncio.sleep(0.001)  # one more poll: bytes already in the socket get read
+                if time.monotonic() - ws.last_data >= self.drain_grace_s and not ws.unread_bytes():
+                    break  # quiet: no bytes of a next message on the way
+            return recv.result() if recv.done() else None
+        finally:
+            if not recv.done():
+                recv.cancel()  # safe in websockets' asyncio API: no message is lost
+
+    async def _ws_request(self, ws: _Connection, msg: str | bytes) -> None:
         t0 = time.perf_counter()
         self.metrics.add("in_flight", 1)
         try:
             if isinstance(msg, str):
                 raise WireError("expected a binary msgpack message, got text")
-            fut = self._act(unpackb(msg, self.max_bytes))
+            loop = asyncio.get_running_loop()
+            fut = await loop.run_in_executor(self._decoder, self._ws_act, msg)
             result, timing = await asyncio.wrap_future(fut)
             await ws.send(packb(self._reply(result, timing, t0)))
+            ws.answered += 1
             self.metrics.request("ws", "ok", time.perf_counter() - t0)
         except (WireError, ObsError, Unavailable, NonFiniteOutput) as e:
             reason = _reason(e)
             self.metrics.request("ws", reason)
             self.metrics.error(reason)
             await ws.send(f"error: {e}")
+            ws.answered += 1
+            ws.told = ws.told or isinstance(e, Unavailable)
         except ConnectionClosed:
             raise
         except Exception as e:  # the model failed: report it, keep serving
@@ -289,14 +376,16 @@ class PolicyServer:
             self.metrics.request("ws", "error")
             self.metrics.error("internal")
             await ws.send(f"error: internal: {type(e).__name__}: {e}"[:1000])
+            ws.answered += 1
         finally:
             self.metrics.add("in_flight", -1)
 
     # ------------------------------------------------------------------ lifecycle
 
     async def serve(self, stop: asyncio.Event) -> None:
-        """Serve until ``stop`` is set; then finish in-flight requests and return."""
+        """Serve until ``stop`` is set; then drain (module docstring) and return."""
         httpd = None
+        self._drain_started = asyncio.Event()
         with _port_in_use("--port", self.host, self.port):
             listener = await serve(
                 self._ws_handler,
@@ -306,6 +395,8 @@ class PolicyServer:
                 max_size=self.max_bytes,
                 compression=None,
                 ping_interval=None,  # a client may block in a slow control loop; do not drop it
+                close_timeout=1.0,  # a client that never answers the close frame cannot hold the exit
+                create_connection=_Connection,
             )
         async with listener as server:
             self.port = server.sockets[0].getsockname()[1]
@@ -320,23 +411,38 @@ class PolicyServer:
             # Drain: both listeners stay open, so what arrives now gets a reply (503 / an error
             # frame) instead of a reset, until the in-flight requests have their answers.
             self.draining = True
+            self._drain_started.set()
             t0, at_stop = time.monotonic(), self.metrics.in_flight
-            deadline = t0 + self.drain_timeout_s
+            # the closing steps below take up to ~1.5 s (websocket close handshakes, HTTP replies)
+            deadline = t0 + max(self.drain_timeout_s - 1.5, 0.5)
             while self.metrics.in_flight > 0 and time.monotonic() < deadline:
                 await asyncio.sleep(0.01)
             left = self.metrics.in_flight
+            # websockets close themselves once quiet (``_next_message``); wait for that, bounded
+            while self.metrics.connections > 0 and time.monotonic() < deadline:
+                await asyncio.sleep(0.01)
             log.info(
-                "shutting down: %d request(s) in flight at the signal, %d answered in %.1f s%s",
+                "shutting down: %d request(s) in flight at the signal, %d answered in %.1f s%s%s",
                 at_stop, at_stop - min(left, at_stop), time.monotonic() - t0,
                 f", {left} still running at the {self.drain_timeout_s:g} s drain timeout" if left else "",
+                f", {self.metrics.connections} websocket(s) still sending, closed" if self.metrics.connections
+                else "",
             )  # fmt: skip
             await asyncio.sleep(self.drain_grace_s)  # replies on their way out; late arrivals answered
             server.server.close()
             if httpd is not None:
-                await asyncio.get_running_loop().run_in_executor(None, httpd.shutdown)
-                await asyncio.get_running_loop().run_in_executor(None, httpd.close_answering_pending, 5.0)
+                loop = asyncio.get_running_loop()
+                await loop.run_in_executor(None, httpd.shutdown)
+                wait_s = max(deadline + 1.0 - time.monotonic(), 0.5)
+                await loop.run_in_executor(None, httpd.close_answering_pending, wait_s)
             server.close()
+        if self.draining:
+            if self.unanswered:
+                log.warning("drained: %d websocket message(s) arrived but got no reply", self.unanswered)
+            else:
+                log.info("drained: every websocket message that arrived before its close was answered")
         await asyncio.get_running_loop().run_in_executor(None, self.batcher.close)
+        self._decoder.shutdown(wait=False)
 
 
 @contextlib.contextmanager
@@ -413,6 +519,8 @@ def _make_http_handler(srv: PolicyServer) -> type[BaseHTTPRequestHandler]:
                     "http: client %s disconnected after %d of %d bytes", self.client_address[0], len(body), n
                 )
                 return None
+            if srv.draining:  # answered at once, without parsing a large body first
+                return self._error(503, "server is shutting down", "unavailable")
             srv.metrics.add("in_flight", 1)
             try:
                 fut = srv._act(obs_from_json(body, srv.max_bytes))

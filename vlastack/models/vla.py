@@ -96,14 +96,19 @@ class VLA(Backbone):
 
     @classmethod
     def from_pretrained(
-        cls, path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype | None = None
+        cls,
+        path: str | Path,
+        device: str | torch.device = "cpu",
+        dtype: torch.dtype | None = None,
+        config: dict | None = None,
     ) -> VLA:
+        """``config``: the folder's ``config.json`` when the caller has already read it."""
         path = Path(path)
         if not (path / CONFIG_NAME).exists() or not (path / WEIGHTS_NAME).exists():
             raise ValueError(
                 f"{path} is not a vlastack model folder (needs {CONFIG_NAME} and {WEIGHTS_NAME})"
             )
-        data = read_json(path / CONFIG_NAME)
+        data = config if config is not None else read_json(path / CONFIG_NAME)
         cfg = model_config_from_dict(data.get("model", data))
         with torch.device("meta"):
             model = cls(cfg)

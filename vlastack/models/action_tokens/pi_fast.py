@@ -70,6 +70,22 @@ class PiFastTokenizer(ActionTokenizer):
         if missing:
             raise ValueError(f"FAST processor folder {folder} lacks {missing}")
         meta = json.loads((folder / "processor_config.json").read_text())
+        bpe = Tokenizer.from_file(str(folder / "tokenizer.json"))
+        return cls.from_files(folder, meta, bpe, horizon, action_dim, placement_for, name)
+
+    @classmethod
+    def from_files(
+        cls,
+        folder: str | Path,
+        meta: dict,
+        bpe: Tokenizer,
+        horizon: int,
+        action_dim: int,
+        placement_for: Callable[[int], TokenPlacement],
+        name: str = DEFAULT_NAME,
+    ) -> PiFastTokenizer:
+        """``from_processor`` on files already read: ``processor_config.json`` as ``meta``, the BPE
+        ``tokenizer.json`` as ``bpe`` (``folder`` names them in errors)."""
         for key in ("scale", "min_token"):
             if key not in meta:
                 raise ValueError(f"{folder}/processor_config.json has no {key!r}")
@@ -78,7 +94,6 @@ class PiFastTokenizer(ActionTokenizer):
                 raise ValueError(
                     f"{folder}/processor_config.json: {key}={meta[key]} but the checkpoint predicts {want}"
                 )
-        bpe = Tokenizer.from_file(str(folder / "tokenizer.json"))
         n = bpe.get_vocab_size()
         return cls(horizon, action_dim, placement_for(n), meta["scale"], meta["min_token"], bpe, name)
 

@@ -1,6 +1,6 @@
 """Weights and model config of LeRobot ``pi0`` / ``pi05`` / ``pi0_fast`` and openpi PyTorch checkpoints.
 
-Layouts (auto-detected by ``detect_format``):
+Layouts (detected by ``locate``):
 
 - ``lerobot``: a ``pretrained_model`` folder: ``config.json`` (``"type": "pi0" | "pi05" |
   "pi0_fast"``), ``model.safetensors`` with keys ``model.paligemma_with_expert...``,
@@ -13,8 +13,13 @@ Layouts (auto-detected by ``detect_format``):
 Shapes come from the tensors; what tensors cannot tell (head counts) comes from the config's
 variant names, and dotted overrides (``model.vision.heads=4``) win over both.
 
-    cfg, kind = config_from_checkpoint(folder, overrides)
-    model = load_checkpoint(folder, overrides)      # a VLA with every weight from the file
+    ckpt = locate(folder)                            # resolved, config.json read, format detected
+    cfg, kind = config_from_checkpoint(ckpt, overrides)
+    model = build_from_checkpoint(ckpt, cfg, kind)  # a VLA with every weight from the file
+    model, kind, meta = load_checkpoint(folder, overrides)   # the three in one call
+
+Each file is read once per load: ``Checkpoint`` keeps ``config.json``, the safetensors header and
+(pi0_fast) the FAST processor once read, and each weights file is opened once for all its tensors.
 
 Loading is strict: a missing, unexpected or mis-shaped tensor is an error listing them;
 ``strict=False`` loads what matches and prints what was left out.
@@ -26,8 +31,10 @@ import os
 import re
 import warnings
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import fields, replace
+from dataclasses import dataclass, fields, replace
+from functools import cached_property
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -42,7 +49,7 @@ from vlastack.config import (
     model_config_from_dict,
 )
 from vlastack.fileio import read_json
-from vlastack.models.convert.safetensors_io import TensorInfo, read_folder_header, read_tensor
+from vlastack.models.convert.safetensors_io import TensorInfo, open_weights, read_folder_header, read_tensor
 
 # openpi gemma.py variants: what the tensors cannot tell (heads) plus defaults for the rest.
 GEMMA_VARIANTS = {
@@ -172,13 +179,47 @@ def resolve_checkpoint(spec: str | Path) -> Path:
     return path
 
 
-def detect_format(folder: str | Path) -> str:
-    """-> "vlastack" | "lerobot" | "openpi"; a ValueError naming what is missing otherwise."""
-    folder = Path(folder)
+@dataclass
+class Checkpoint:
+    """A located policy folder: its format and ``config.json`` (``meta``), read once by ``locate``;
+    the safetensors ``header`` and (pi0_fast) the FAST processor are read on first use and kept, so
+    the config, the weights and the tokenizers of one load share a single read of each file."""
+
+    folder: Path
+    fmt: str  # "vlastack" | "lerobot" | "openpi"
+    meta: dict
+
+    @cached_property
+    def header(self) -> dict[str, TensorInfo]:
+        return read_folder_header(self.folder)
+
+    @cached_property
+    def fast(self) -> tuple[Path, dict, Any]:
+        """pi0_fast: (processor folder, its ``processor_config.json``, the BPE ``tokenizers.Tokenizer``)."""
+        from tokenizers import Tokenizer
+
+        proc = find_fast_processor(self.folder, self.meta)
+        return (
+            proc,
+            read_json(proc / "processor_config.json"),
+            Tokenizer.from_file(str(proc / "tokenizer.json")),
+        )
+
+
+def locate(spec: str | Path | Checkpoint) -> Checkpoint:
+    """A folder, its ``pretrained_model/`` parent or a cached Hub id -> ``Checkpoint``; a
+    ValueError naming what is missing or unsupported."""
+    if isinstance(spec, Checkpoint):
+        return spec
+    folder = resolve_checkpoint(spec)
     cfg_file = folder / "config.json"
     if not cfg_file.exists():
         raise ValueError(f"{folder}: missing config.json (not a vlastack, LeRobot or openpi checkpoint)")
-    cfg = read_json(cfg_file)
+    meta = read_json(cfg_file)
+    return Checkpoint(folder, _format(folder, meta), meta)
+
+
+def _format(folder: Path, cfg: dict) -> str:
     if "model" in cfg and isinstance(cfg["model"], dict):
         return "vlastack"
     if cfg.get("type") in ("pi0", "pi05", "pi0_fast"):
@@ -188,6 +229,11 @@ def detect_format(folder: str | Path) -> str:
     if "paligemma_variant" in cfg or "action_expert_variant" in cfg:
         return "openpi"
     raise ValueError(f"{folder}/config.json: neither a vlastack, a LeRobot pi0/pi05 nor an openpi config")
+
+
+def detect_format(folder: str | Path) -> str:
+    """-> "vlastack" | "lerobot" | "openpi"; a ValueError naming what is missing otherwise."""
+    return locate(folder).fmt
 
 
 def checkpoint_kind(header: dict[str, TensorInfo]) -> str:
@@ -234,12 +280,13 @@ def _decoder(header: dict[str, TensorInfo], stem: str, variant: dict, vocab: int
 
 
 def config_from_checkpoint(
-    folder: str | Path, overrides: list[str] | tuple[str, ...] = (), header: dict | None = None
+    ckpt: str | Path | Checkpoint, overrides: list[str] | tuple[str, ...] = ()
 ) -> tuple[ModelConfig, str, dict]:
     """-> (our model config, "pi0" | "pi05" | "pi0_fast", the checkpoint's config.json)."""
-    folder = Path(folder)
-    header = header if header is not None else read_folder_header(folder)
-    meta = read_json(folder / "config.json")
+    ckpt = locate(ckpt)
+    if ckpt.fmt not in EXTERNAL:
+        raise ValueError(f"{ckpt.folder} is a {ckpt.fmt} folder, not a LeRobot or openpi checkpoint")
+    folder, header, meta = ckpt.folder, ckpt.header, ckpt.meta
     kind = "pi0_fast" if meta.get("type") == "pi0_fast" else checkpoint_kind(header)
     vlm_var = GEMMA_VARIANTS.get(meta.get("paligemma_variant", "gemma_2b"))
     exp_var = GEMMA_VARIANTS.get(meta.get("action_expert_variant", "gemma_300m"))
@@ -269,7 +316,7 @@ def config_from_checkpoint(
         mlp_dim=_shape(header, "encoder.layers.0.mlp.fc1.weight")[0],
     )
     if kind == "pi0_fast":
-        cfg = _pi0_fast_config(folder, meta, vision, vlm, expert)
+        cfg = _pi0_fast_config(ckpt, vision, vlm, expert)
         return _apply(cfg, overrides), kind, meta
     side = folder / VLASTACK_SIDECAR
     if side.exists():  # exported by vlastack: the head counts and tokenizer it was trained with
@@ -362,17 +409,15 @@ def _apply(cfg: ModelConfig, overrides: list[str] | tuple[str, ...]) -> ModelCon
 
 
 def _pi0_fast_config(
-    folder: Path, meta: dict, vision: VisionConfig, vlm: DecoderConfig, expert: DecoderConfig
+    ckpt: Checkpoint, vision: VisionConfig, vlm: DecoderConfig, expert: DecoderConfig
 ) -> ModelConfig:
     """pi0-FAST: PaliGemma + the token head in LeRobot's layout (``model.tokens.sequence=pi0_fast``):
     greedy or sampled over the whole vocabulary, at most ``max_decoding_steps`` tokens, FAST ids at
     ``vocab - 1 - fast_skip_tokens - k``. The FAST processor (``find_fast_processor``) gives the
     scale and the BPE size."""
-    from tokenizers import Tokenizer
-
-    proc = find_fast_processor(folder, meta)
-    scale = read_json(proc / "processor_config.json").get("scale")
-    n_bpe = Tokenizer.from_file(str(proc / "tokenizer.json")).get_vocab_size()
+    folder, meta = ckpt.folder, ckpt.meta
+    _, proc_meta, bpe = ckpt.fast
+    scale, n_bpe = proc_meta.get("scale"), bpe.get_vocab_size()
     steps = int(meta.get("max_decoding_steps", 256))
     horizon = meta.get("chunk_size", 50)
     if meta.get("n_action_steps", horizon) != horizon:
@@ -501,10 +546,11 @@ def load_weights(
 
     def read(item: tuple[str, TensorInfo]) -> tuple[str, torch.Tensor]:
         our, info = item
-        return our, read_tensor(info, dtype if (dtype is not None and info.dtype.is_floating_point) else None)
+        cast = dtype if (dtype is not None and info.dtype.is_floating_point) else None
+        return our, read_tensor(info, cast, fds[info.file])
 
     # A few reads in flight: disk reads overlap with the page faults of the fresh memory they fill.
-    with ThreadPoolExecutor(max_workers=4) as pool:
+    with open_weights(wanted.values()) as fds, ThreadPoolExecutor(max_workers=4) as pool:
         state = dict(pool.map(read, wanted.items()))
     model.load_state_dict(state, strict=False, assign=True)
     left = missing + sorted(unexpected) + mis_shaped
@@ -526,29 +572,22 @@ def _materialize(model: torch.nn.Module, name: str) -> None:
 
 
 def load_checkpoint(
-    path: str | Path,
+    path: str | Path | Checkpoint,
     overrides: list[str] | tuple[str, ...] = (),
     strict: bool = True,
     dtype: torch.dtype | None = None,
-    header: dict | None = None,
 ) -> tuple[torch.nn.Module, str, dict]:
     """A LeRobot or openpi folder -> (our VLA on the CPU, "pi0" | "pi05" | "pi0_fast", its config.json).
-    A pi0_fast model still needs its action tokenizer: ``models.convert.pi0_fast.attach_tokenizers``.
-    ``header``: the folder's ``read_folder_header`` when the caller already read it."""
-    folder = resolve_checkpoint(path)
-    fmt = detect_format(folder)
-    if fmt not in EXTERNAL:
-        raise ValueError(f"{folder} is a {fmt} folder, not a LeRobot or openpi checkpoint")
-    header = header if header is not None else read_folder_header(folder)
-    cfg, kind, meta = config_from_checkpoint(folder, overrides, header)
-    return build_from_checkpoint(folder, cfg, kind, header, strict, dtype), kind, meta
+    A pi0_fast model still needs its action tokenizer: ``models.convert.pi0_fast.attach_tokenizers``."""
+    ckpt = locate(path)
+    cfg, kind, meta = config_from_checkpoint(ckpt, overrides)
+    return build_from_checkpoint(ckpt, cfg, kind, strict, dtype), kind, meta
 
 
 def build_from_checkpoint(
-    folder: Path,
+    ckpt: Checkpoint,
     cfg: ModelConfig,
     kind: str,
-    header: dict,
     strict: bool = True,
     dtype: torch.dtype | None = None,
 ) -> torch.nn.Module:
@@ -559,7 +598,7 @@ def build_from_checkpoint(
         model = VLA(cfg)
     if kind == "pi05" and "head.state_proj.weight" in model.state_dict():
         raise ValueError("pi05 checkpoints need the Pi0.5 flow head, which this build does not have yet")
-    load_weights(model, header, str(folder), strict=strict, dtype=dtype)
+    load_weights(model, ckpt.header, str(ckpt.folder), strict=strict, dtype=dtype)
     for name, buf in model.named_buffers():  # non-persistent buffers (RoPE tables) are rebuilt
         if buf.device.type == "meta":
             raise ValueError(f"buffer {name} was not initialised")

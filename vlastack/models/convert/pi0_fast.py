@@ -6,27 +6,29 @@ PaliGemma id ``vocab_size - 1 - fast_skip_tokens - k`` (the top ``fast_skip_toke
 ``<seg>`` tokens, are skipped): ``TokenPlacement("skip_special")`` with those ids as the specials.
 The FAST tokenizer itself is the physical-intelligence processor (``PiFastTokenizer``).
 
-    model, kind, meta = load_checkpoint(folder)            # convert/lerobot.py
-    attach_tokenizers(model, folder, meta, text_tokenizer)  # the head can now decode
+    ckpt = locate(folder)                                   # convert/lerobot.py
+    model, kind, meta = load_checkpoint(ckpt)
+    attach_tokenizers(model, ckpt, text_tokenizer)          # the head can now decode
 """
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import torch
 
 from vlastack.models.action_tokens import PiFastTokenizer, TokenPlacement
-from vlastack.models.convert.lerobot import find_fast_processor
+from vlastack.models.convert.lerobot import Checkpoint
 
 ACTION_PREFIX = "Action: "
 END_PIECE = "|"
 
 
-def attach_tokenizers(model: torch.nn.Module, folder: str | Path, meta: dict, text: Any) -> None:
-    """Give ``model.head`` (a pi0_fast token head) its FAST tokenizer and the text ids of the
-    sequence (``<bos>``, ``Action: ``, ``|``) from ``text``, the checkpoint's SentencePiece tokenizer."""
+def attach_tokenizers(model: torch.nn.Module, ckpt: Checkpoint, text: Any) -> None:
+    """Give ``model.head`` (a pi0_fast token head) its FAST tokenizer (``ckpt.fast``, the processor
+    files the config was read from) and the text ids of the sequence (``<bos>``, ``Action: ``,
+    ``|``) from ``text``, the checkpoint's SentencePiece tokenizer."""
+    folder, meta = ckpt.folder, ckpt.meta
     cfg = model.cfg
     v = cfg.vlm.vocab_size
     if text.vocab_size != v:
@@ -42,9 +44,8 @@ def attach_tokenizers(model: torch.nn.Module, folder: str | Path, meta: dict, te
         return TokenPlacement("skip_special", n, v, range(v - skip, v))
 
     name = meta.get("action_tokenizer_name") or "lerobot/fast-action-tokenizer"
-    tok = PiFastTokenizer.from_processor(
-        find_fast_processor(folder, meta), cfg.action_horizon, action_dim, placement, name
-    )
+    proc, proc_meta, bpe = ckpt.fast
+    tok = PiFastTokenizer.from_files(proc, proc_meta, bpe, cfg.action_horizon, action_dim, placement, name)
     end = text.sp.piece_to_id(END_PIECE)
     if text.sp.id_to_piece(end) != END_PIECE:
         raise ValueError(

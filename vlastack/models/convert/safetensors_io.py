@@ -8,6 +8,9 @@ handle closes: peak RSS near twice the weights for a 3B model.
 
 from __future__ import annotations
 
+import contextlib
+import os
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -70,15 +73,41 @@ def read_folder_header(folder: str | Path) -> dict[str, TensorInfo]:
     return out
 
 
-def read_tensor(info: TensorInfo, dtype: torch.dtype | None = None) -> torch.Tensor:
-    """The tensor's bytes read straight into a fresh CPU tensor (then cast to ``dtype`` if given)."""
+def read_tensor(info: TensorInfo, dtype: torch.dtype | None = None, fd: int | None = None) -> torch.Tensor:
+    """The tensor's bytes read straight into a fresh CPU tensor (then cast to ``dtype`` if given).
+    ``fd``: the file already open (``open_weights``); positional reads, so threads can share it."""
     buf = torch.empty(info.nbytes, dtype=torch.uint8)
-    with open(info.file, "rb") as f:
-        f.seek(info.start)
-        got = f.readinto(memoryview(buf.numpy()))
+    view = memoryview(buf.numpy())
+    if fd is None:
+        with open(info.file, "rb") as f:
+            f.seek(info.start)
+            got = f.readinto(view)
+    else:
+        got = 0
+        while got < info.nbytes:  # a pread may return less than asked
+            n = os.preadv(fd, [view[got:]], info.start + got)
+            if n == 0:
+                break
+            got += n
     if got != info.nbytes:
         raise ValueError(
             f"{info.file}: truncated file (wanted {info.nbytes} bytes at {info.start}, got {got})"
         )
     t = buf.view(info.dtype).reshape(info.shape)
     return t if dtype is None or dtype == t.dtype else t.to(dtype)
+
+
+@contextlib.contextmanager
+def open_weights(infos: Iterable[TensorInfo]) -> Iterator[dict[Path, int | None]]:
+    """Each weights file of ``infos`` opened once for the whole read (file -> descriptor for
+    ``read_tensor``); None where positional reads are not available (then one open per tensor)."""
+    files = sorted({i.file for i in infos})
+    fds: dict[Path, int | None] = {}
+    try:
+        for f in files:
+            fds[f] = os.open(f, os.O_RDONLY) if hasattr(os, "preadv") else None
+        yield fds
+    finally:
+        for fd in fds.values():
+            if fd is not None:
+                os.close(fd)
