@@ -2,15 +2,22 @@
 
     python bench/serve.py                                   # tiny preset, CPU, clients 1/4/8
     python bench/serve.py --clients 1 8 --requests 20 --max-batch 1 8
+    python bench/serve.py --hold 300 --config demo --clients 200 --http-clients 50   # serve_load.json
 
 The server runs in its own process (``vla serve`` on a random tiny model saved to a temp folder);
 the clients are threads using the real ``openpi_client.WebsocketClientPolicy``. Reports p50/p99
 end-to-end latency, throughput, mean forward-pass batch size and errors (expected 0).
+
+``--hold SECONDS`` (issue #34 item 5): load held for that long, websocket clients (openpi) and HTTP
+clients (keep-alive ``POST /act``) each sending back to back; no error and no lost reply (a request
+with neither a reply nor an error), the server's RSS sampled every second (growth after a warm-up of
+a tenth of the run, at least 10 s), p50/p99 per transport; writes bench/results/serve_load.json.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import subprocess
 import sys
 import tempfile
@@ -28,7 +35,7 @@ from vlastack.config import load_config
 from vlastack.models import build_model
 
 
-def start_server(policy: Path, max_batch: int) -> tuple[subprocess.Popen, int]:
+def start_server(policy: Path, max_batch: int, http: bool = False) -> tuple[subprocess.Popen, int]:
     cmd = [
         sys.executable,
         "-m",
@@ -39,7 +46,7 @@ def start_server(policy: Path, max_batch: int) -> tuple[subprocess.Popen, int]:
         "--port",
         "0",
         "--http-port",
-        "-1",
+        "0" if http else "-1",
         "--max-batch",
         str(max_batch),
     ]
@@ -49,6 +56,7 @@ def start_server(policy: Path, max_batch: int) -> tuple[subprocess.Popen, int]:
         line = proc.stderr.readline()
         if "serving ws://" in line:
             threading.Thread(target=proc.stderr.read, daemon=True).start()  # keep the pipe drained
+            proc.http_port = int(line.split("HTTP on ")[1].split(")")[0]) if http else -1
             return proc, int(line.split("ws://127.0.0.1:")[1].split()[0])
         if not line and proc.poll() is not None:
             break
@@ -95,14 +103,133 @@ def run_load(port: int, clients: int, requests: int, obs: dict) -> dict:
     }
 
 
+def _rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def held_load(
+    port: int, http_port: int, pid: int, ws_clients: int, http_clients: int, hold_s: float, obs: dict
+) -> dict:
+    """Every client sends back to back for ``hold_s`` seconds; see the module docstring."""
+    import base64
+    import http.client
+    import json
+
+    from openpi_client.websocket_client_policy import WebsocketClientPolicy
+    from tqdm import tqdm
+
+    lat: dict[str, list[float]] = {"ws": [], "http": []}
+    errors: list[str] = []
+    sent = {"ws": 0, "http": 0}
+    lock = threading.Lock()
+    images = {
+        k: {"b64": base64.b64encode(v.tobytes()).decode(), "dtype": "uint8", "shape": list(v.shape)}
+        for k, v in obs["images"].items()
+    }
+    body = json.dumps({"images": images, "state": obs["state"].tolist(), "prompt": obs["prompt"]}).encode()
+    conns = []
+    for _ in tqdm(range(ws_clients), desc="connecting", leave=False):
+        conns.append(WebsocketClientPolicy("127.0.0.1", port))
+    start = threading.Barrier(ws_clients + http_clients + 1)
+    stop_at = [0.0]
+
+    def ws_worker(c) -> None:
+        start.wait()
+        while time.perf_counter() < stop_at[0]:
+            t0 = time.perf_counter()
+            with lock:
+                sent["ws"] += 1
+            try:
+                c.infer(obs)
+                with lock:
+                    lat["ws"].append((time.perf_counter() - t0) * 1e3)
+            except Exception as e:
+                with lock:
+                    errors.append(f"ws {type(e).__name__}: {e}"[:200])
+
+    def http_worker() -> None:
+        conn = http.client.HTTPConnection("127.0.0.1", http_port, timeout=120)
+        start.wait()
+        while time.perf_counter() < stop_at[0]:
+            t0 = time.perf_counter()
+            with lock:
+                sent["http"] += 1
+            try:
+                conn.request("POST", "/act", body=body, headers={"Content-Type": "application/json"})
+                r = conn.getresponse()
+                r.read()
+                if r.status != 200:
+                    raise RuntimeError(f"HTTP {r.status}")
+                with lock:
+                    lat["http"].append((time.perf_counter() - t0) * 1e3)
+            except Exception as e:
+                with lock:
+                    errors.append(f"http {type(e).__name__}: {e}"[:200])
+                conn.close()
+                conn = http.client.HTTPConnection("127.0.0.1", http_port, timeout=120)
+        conn.close()
+
+    threads = [threading.Thread(target=ws_worker, args=(c,), daemon=True) for c in conns]
+    threads += [threading.Thread(target=http_worker, daemon=True) for _ in range(http_clients)]
+    for t in threads:
+        t.start()
+    warmup = max(10.0, hold_s / 10)
+    rss: list[tuple[float, float]] = []
+    t_start = time.perf_counter()
+    stop_at[0] = t_start + hold_s
+    start.wait()
+    with tqdm(total=int(hold_s), desc="load held (s)", unit="s") as bar:
+        while (now := time.perf_counter()) < stop_at[0]:
+            rss.append((now - t_start, _rss_mib(pid)))
+            bar.n = int(now - t_start)
+            bar.set_postfix(
+                replies=len(lat["ws"]) + len(lat["http"]), errors=len(errors), rss_mib=round(rss[-1][1])
+            )
+            time.sleep(1.0)
+    for t in threads:
+        t.join(180)
+    wall = time.perf_counter() - t_start
+    after = [r for t, r in rss if t >= warmup]
+    base = after[0] if after else float("nan")
+    replies = {k: len(v) for k, v in lat.items()}
+    return {
+        "ws_clients": ws_clients,
+        "http_clients": http_clients,
+        "hold_s": hold_s,
+        "wall_s": round(wall, 1),
+        "sent": sent,
+        "replies": replies,
+        "errors": len(errors),
+        "error_samples": errors[:5],
+        "lost": sum(sent.values()) - sum(replies.values()) - len(errors),
+        "p50_ms": {k: round(percentile(v, 50), 1) for k, v in lat.items() if v},
+        "p99_ms": {k: round(percentile(v, 99), 1) for k, v in lat.items() if v},
+        "throughput_rps": round(sum(replies.values()) / wall, 1),
+        "rss_mib": {
+            "warmup_s": warmup,
+            "after_warmup": round(base, 1),
+            "max_after_warmup": round(max(after), 1) if after else None,
+            "end": round(rss[-1][1], 1) if rss else None,
+            "growth": round(max(after) / base - 1, 4) if after else None,
+            "series_every_10s": [round(r, 1) for t, r in rss[::10]],
+        },
+    }
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--preset", default="tiny")
+    ap.add_argument("--config", default=None, help="YAML on top of the preset (e.g. demo)")
+    ap.add_argument("--hold", type=float, default=0, help="hold the load this many seconds (serve_load.json)")
+    ap.add_argument("--http-clients", type=int, default=0, help="with --hold: HTTP clients beside them")
     ap.add_argument("--clients", type=int, nargs="+", default=[1, 4, 8])
     ap.add_argument("--requests", type=int, default=25, help="requests per client")
     ap.add_argument("--max-batch", type=int, nargs="+", default=[8])
     args = ap.parse_args()
-    cfg = load_config(args.preset)
+    cfg = load_config(args.preset, args.config)
     torch.manual_seed(0)
     rng = np.random.default_rng(0)
     s = cfg.model.vision.image_size
@@ -111,6 +238,8 @@ def main() -> None:
         "state": rng.standard_normal(cfg.model.state_dim).astype(np.float32),
         "prompt": "pick up the red cube",
     }
+    if args.hold:
+        return hold_main(args, cfg, obs)
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         build_model(cfg.model).save_pretrained(tmp)
@@ -139,6 +268,43 @@ def main() -> None:
     print_table(rows, cols)
     path = write_results("serve", {"device": "cpu", "rows": rows})
     print(f"wrote {path}")
+
+
+def hold_main(args: argparse.Namespace, cfg, obs: dict) -> None:
+    import datetime
+    import platform
+
+    torch.manual_seed(0)
+    with tempfile.TemporaryDirectory() as tmp:
+        build_model(cfg.model).save_pretrained(tmp)
+        proc, port = start_server(Path(tmp), args.max_batch[0], http=args.http_clients > 0)
+        try:
+            row = held_load(
+                port, proc.http_port, proc.pid, args.clients[0], args.http_clients, args.hold, obs
+            )
+        finally:
+            proc.terminate()
+            rc = proc.wait(60)
+    row["server_exit_code"] = rc
+    info = Path("/proc/cpuinfo").read_text().splitlines()
+    model = next(
+        (ln.split(":", 1)[1].strip() for ln in info if ln.startswith("model name")), platform.machine()
+    )
+    flags = next((ln.split(":", 1)[1].split() for ln in info if ln.startswith("flags")), [])
+    flags = [f for f in flags if f.startswith(("avx", "amx"))]
+    payload = {
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "policy": f"preset {args.preset}"
+        + (f" + {args.config}.yaml" if args.config else "")
+        + ", random weights",
+        "max_batch": args.max_batch[0],
+        "cpu": {"model": model, "flags": flags, "cores": os.cpu_count()},
+        "torch": torch.__version__,
+        "note": "clients and server share the same 2 cores; latencies include the clients' own Python time",
+        **row,
+    }
+    print(payload)
+    print(f"wrote {write_results('serve_load', payload)}")
 
 
 if __name__ == "__main__":

@@ -93,6 +93,7 @@ def test_vla_plan_cli(capsys, tmp_path):
     assert main([*args, "--memory", "1GiB"]) == 0
     out = capsys.readouterr().out
     assert "the config fits as it is" in out and "largest batch" in out and "inference peak" in out
+    assert "CPU training process peak RSS" in out and "baseline" in out
     assert json.loads((tmp_path / "p.json").read_text())["fits"] is True
     assert main(["plan", "--memory", "lots"]) == 2
 
@@ -111,3 +112,31 @@ def test_parse_and_format_bytes():
     with pytest.raises(ValueError, match="80GiB"):
         parse_bytes("eighty")
     assert fmt_bytes(3 * 2**30) == "3.00 GiB"
+
+
+def test_process_rss_counts_baseline_prefetch_and_preload(monkeypatch):
+    """Issue #34 item 15: the CPU process RSS is the tensor peak plus what a process holds besides
+    tensors: the measured interpreter/library baseline, the batches the loader prefetches, and a
+    preloaded dataset (twice while it is stacked)."""
+    import vlastack.diagnostics.rss as rss
+    from vlastack.config import load_config
+
+    monkeypatch.setattr(rss, "_baseline_for", lambda cfg, data: 300)
+    monkeypatch.setattr(rss, "sample_bytes", lambda cfg, data: (10, 7))
+    cfg = load_config("tiny", overrides=["data.num_workers=2", "data.prefetch_factor=3"])
+    r = rss.predict_rss(cfg, tensor_peak=1000, inputs=5)
+    assert r["parts"] == {"baseline": 300, "tensors": int(1000 * rss.ALLOCATOR_SLACK),
+                          "prefetched_batches": 2 * 3 * 5, "trainer_state": rss.TRAINER_STATE_BYTES,
+                          "preloaded_data": 0}  # fmt: skip
+    assert r["rss_bytes"] == sum(r["parts"].values())
+    pre = load_config("tiny", overrides=["train.preload=true"])
+    r = rss.predict_rss(pre, tensor_peak=0, inputs=5, data="somewhere")
+    assert r["parts"]["preloaded_data"] == 70 and r["parts"]["prefetched_batches"] == 0
+    assert r["rss_bytes"] == max(300 + 70 + rss.TRAINER_STATE_BYTES, 300 + 2 * 70)
+    assert "pass --data" in rss.predict_rss(pre, 0, 5)["notes"][0]
+
+
+def test_process_rss_baseline_is_a_real_interpreter():
+    from vlastack.diagnostics.rss import baseline_bytes
+
+    assert 50 * 2**20 < baseline_bytes(threads=1) < 4 * 2**30

@@ -40,6 +40,12 @@ def register(sub, groups) -> None:
     p.add_argument("--memory", default=None, help="budget per device, e.g. 80GiB, 24GB, 512MiB")
     p.add_argument("--batch-sizes", default="", help="also predict these batch sizes, e.g. 1,8,32")
     p.add_argument("--no-infer", action="store_true", help="skip the inference prediction")
+    p.add_argument(
+        "--no-rss", action="store_true", help="skip the CPU process RSS prediction (it starts an interpreter)"
+    )
+    p.add_argument(
+        "--data", default=None, help="dataset: sizes a preloaded dataset (train.preload) in the RSS"
+    )
     p.add_argument("--json", default=None, help="also write the plan as JSON here")
     add_config_args(p)
     p.set_defaults(func=_plan)
@@ -77,7 +83,8 @@ def _plan(args: argparse.Namespace) -> int:
         sizes = tuple(int(x) for x in args.batch_sizes.split(",") if x.strip())
     except ValueError:
         raise ValueError(f"--batch-sizes: expected integers like 1,8,32, got {args.batch_sizes!r}") from None
-    result = plan(cfg, budget, sizes, infer=not args.no_infer)
+    data = args.data or cfg.data.path or None
+    result = plan(cfg, budget, sizes, infer=not args.no_infer, rss=not args.no_rss, data=data)
     print(format_plan(result))
     if args.json:
         with open(args.json, "w") as f:

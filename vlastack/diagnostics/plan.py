@@ -238,9 +238,16 @@ def largest_batch(cfg: Config, v: Variant, budget: int, cache: dict, limit: int 
 
 
 def plan(
-    cfg: Config, budget: int | None = None, batch_sizes: tuple[int, ...] = (), infer: bool = True
+    cfg: Config,
+    budget: int | None = None,
+    batch_sizes: tuple[int, ...] = (),
+    infer: bool = True,
+    rss: bool = False,
+    data: str | None = None,
 ) -> dict:
-    """Predicted peaks for ``cfg`` and each single change; with ``budget``, what fits and the cheapest fix."""
+    """Predicted peaks for ``cfg`` and each single change; with ``budget``, what fits and the cheapest
+    fix; with ``rss``, the CPU training process's peak RSS (``diagnostics.rss``; ``data`` sizes a
+    preloaded dataset)."""
     cache: dict = {}
     bs = cfg.train.batch_size
     base = Variant("as configured")
@@ -264,6 +271,11 @@ def plan(
     ]
     if infer:
         out["infer"] = {"batch_size": bs, **simulate(cfg, bs, "infer")}
+    if rss:
+        from vlastack.diagnostics.rss import predict_rss
+
+        c = rows[0]["categories"]
+        out["process_rss"] = predict_rss(cfg, rows[0]["peak_bytes"], c["inputs"], data)
     if budget:
         out["largest_batch"] = largest_batch(cfg, base, budget, cache)
         out["fits"] = rows[0]["fits"]
@@ -327,6 +339,11 @@ def format_plan(p: dict) -> str:
         lines.append(
             f"inference peak at batch {p['infer']['batch_size']}: {fmt_bytes(p['infer']['peak_bytes'])}"
         )
+    if "process_rss" in p:
+        r = p["process_rss"]
+        parts = ", ".join(f"{k.replace('_', ' ')} {fmt_bytes(v)}" for k, v in r["parts"].items() if v)
+        lines.append(f"CPU training process peak RSS: {fmt_bytes(r['rss_bytes'])}   ({parts})")
+        lines += [f"  ({n})" for n in r["notes"]]
     if budget:
         lines.append(
             f"budget {fmt_bytes(budget)}: largest batch that fits as configured: {p['largest_batch']}"

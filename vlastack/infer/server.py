@@ -45,12 +45,6 @@ from typing import Any
 
 import numpy as np
 from websockets.asyncio.server import ServerConnection, serve
-
-try:  # the drain's unread-bytes test (Unix); elsewhere it relies on the arrival time alone
-    import fcntl
-    import termios
-except ImportError:  # pragma: no cover
-    fcntl = termios = None  # type: ignore[assignment]
 from websockets.exceptions import ConnectionClosed
 from websockets.frames import Frame, Opcode
 from websockets.http11 import Request, Response
@@ -60,6 +54,12 @@ from vlastack.infer.metrics import Metrics
 from vlastack.infer.obs import Obs, ObsError
 from vlastack.infer.policy import Policy
 from vlastack.infer.wire import WireError, obs_from_json, packb, unpackb
+
+try:  # the drain's unread-bytes test (Unix); elsewhere it relies on the arrival time alone
+    import fcntl
+    import termios
+except ImportError:  # pragma: no cover
+    fcntl = termios = None  # type: ignore[assignment]
 
 log = logging.getLogger("vlastack.serve")
 

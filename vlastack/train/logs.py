@@ -24,6 +24,12 @@ def peak_memory_mb(device: torch.device | str = "cpu") -> float:
     device = torch.device(device)
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device) / 2**20
+    try:  # Linux: the address space's high-water mark. ru_maxrss survives execve, so a process
+        # started from a big one (a notebook, a benchmark) would report its parent's peak.
+        with open("/proc/self/status") as f:
+            return next(int(ln.split()[1]) for ln in f if ln.startswith("VmHWM:")) / 2**10
+    except (OSError, StopIteration):
+        pass
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     # Linux reports KiB, macOS bytes.
     return rss / 2**20 if sys.platform == "darwin" else rss / 2**10

@@ -1,0 +1,121 @@
+"""The peak resident set size of a CPU training process: the tensor peak ``vla plan`` predicts, plus
+what a process holds besides tensors.
+
+On CPU the budget that matters is the machine's RAM, and RSS counts more than tensor storages:
+
+- **baseline**: the interpreter and every library a training run imports (torch alone is ~220 MiB
+  here, its thread pools and oneDNN/MKL state come on the first ops). Measured, not guessed: a
+  fresh interpreter imports what ``vla train`` imports, runs one matmul, and reports its RSS.
+- **tensors**: the planner's peak, times ``ALLOCATOR_SLACK`` (freed small blocks that glibc's
+  malloc keeps, arenas per thread), plus ``TRAINER_STATE_BYTES``; both fitted by
+  ``bench/plan_rss.py`` on this machine.
+- **prefetched batches**: the DataLoader's workers hand ``num_workers x prefetch_factor`` batches
+  to the main process ahead of the step (shared memory it maps), on top of the step's own batch.
+- **preloaded data** (``train.preload``): every sample stacked in memory, twice while it is being
+  stacked (the decoded parts and the concatenated copy).
+
+``torch.compile`` (Inductor's compiler state and generated code, several hundred MiB) is not
+counted: the prediction says so when ``train.compile`` is on.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from vlastack.config import Config
+
+# Fitted on 7 CPU training runs (tiny at batch 8-96, bf16, checkpointing, preload; small at 4) by
+# bench/plan_rss.py (bench/results/plan_rss.json): the allocator's slack over live tensor bytes at
+# the peak (glibc keeps freed small blocks in its arenas; tiny's many small activations make it
+# larger than a big model's), and what a running trainer holds beyond the measured baseline
+# (the step's autograd and oneDNN caches, the loader threads' arenas). A fit on this machine, not a
+# law: bench/plan_rss.py re-checks it.
+ALLOCATOR_SLACK = 1.3
+TRAINER_STATE_BYTES = 100 * 2**20
+
+_BASELINE = """
+import resource, torch
+import vlastack.train.trainer, vlastack.data.samples, vlastack.data.loader, vlastack.models.vla
+torch.set_num_threads({threads})
+a = torch.randn(256, 256, requires_grad=True); (a @ a).sum().backward()
+if {data!r}:  # the loader's libraries and state: the dataset opened, one sample decoded
+    from vlastack.config import load_config
+    from vlastack.data.samples import make_dataset
+    make_dataset(load_config(**{cfg!r}), {data!r})[0]
+try:  # ru_maxrss survives execve on Linux (it would report the parent's RSS at fork): VmHWM does not
+    hwm = [l for l in open("/proc/self/status") if l.startswith("VmHWM:")][0]
+    print(int(hwm.split()[1]) * 1024)
+except OSError:
+    print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
+"""
+
+
+def baseline_bytes(threads: int | None = None, cfg_args: dict | None = None, data: str | None = None) -> int:
+    """RSS of a fresh interpreter that imported the training stack and ran one op (this machine);
+    with ``data``, it also opened the dataset as ``load_config(**cfg_args)`` reads it, one sample."""
+    import torch
+
+    code = _BASELINE.format(threads=threads or torch.get_num_threads(), data=data, cfg=cfg_args or {})
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    return int(out.stdout.strip().splitlines()[-1])
+
+
+def sample_bytes(cfg: Config, data: str) -> tuple[int, int]:
+    """(samples, bytes of one training sample as the trainer holds it) for ``data``."""
+    from dataclasses import replace
+
+    from vlastack.data.samples import make_dataset
+
+    ds = make_dataset(replace(cfg, data=replace(cfg.data, streaming=False)), data)
+    sample = ds[0]
+    return len(ds), sum(v.numel() * v.element_size() for v in sample.values() if hasattr(v, "numel"))
+
+
+def _baseline_for(cfg: Config, data: str | None) -> int:
+    if data is None:
+        return baseline_bytes()
+    import tempfile
+    from pathlib import Path
+
+    from vlastack.config import save_yaml
+
+    with tempfile.TemporaryDirectory() as d:  # the child reads the very same config
+        save_yaml(cfg, Path(d) / "cfg.yaml")
+        return baseline_bytes(cfg_args={"yaml_path": str(Path(d) / "cfg.yaml")}, data=data)
+
+
+def predict_rss(cfg: Config, tensor_peak: int, inputs: int, data: str | None = None) -> dict:
+    """Predicted peak RSS (bytes) of ``vla train`` on CPU for ``cfg``: ``tensor_peak`` and
+    ``inputs`` (one batch) from the planner; ``data`` sizes the preloaded dataset."""
+    d, t = cfg.data, cfg.train
+    # a preloaded dataset is gathered in the step's own process: no workers, nothing prefetched
+    prefetch = d.num_workers * d.prefetch_factor if d.num_workers > 0 and not t.preload else 0
+    parts = {
+        "baseline": _baseline_for(cfg, data),
+        "tensors": int(tensor_peak * ALLOCATOR_SLACK),
+        "prefetched_batches": prefetch * inputs,
+        "trainer_state": TRAINER_STATE_BYTES,
+        "preloaded_data": 0,
+    }
+    notes = []
+    if t.preload:
+        if data is None:
+            notes.append("train.preload: pass --data to count the preloaded dataset")
+        else:
+            n, each = sample_bytes(cfg, data)
+            parts["preloaded_data"] = n * each
+    steady = sum(parts.values())
+    stacking = parts["baseline"] + 2 * parts["preloaded_data"]  # decoded parts + concatenated copy
+    if t.compile:
+        notes.append("train.compile: Inductor's own memory (several hundred MiB) is not counted")
+    return {"rss_bytes": max(steady, stacking), "parts": parts, "notes": notes}
+
+
+def _main() -> None:  # python -m vlastack.diagnostics.rss: the baseline alone, as JSON
+    print(json.dumps({"baseline_bytes": baseline_bytes()}))
+
+
+if __name__ == "__main__":
+    _main()
