@@ -140,3 +140,23 @@ def test_process_rss_baseline_is_a_real_interpreter():
     from vlastack.diagnostics.rss import baseline_bytes
 
     assert 50 * 2**20 < baseline_bytes(threads=1) < 4 * 2**30
+
+
+def test_cpu_peak_memory_is_the_process_own_not_its_launchers():
+    """`train/peak_mem_mb` on CPU: ru_maxrss survives execve on Linux, so a run started from a big
+    process reported its parent's peak; VmHWM belongs to the new address space."""
+    import subprocess
+    import sys
+
+    if not sys.platform.startswith("linux"):
+        pytest.skip("VmHWM is Linux's")
+    ballast = torch.ones(600 * 2**20 // 4)  # the launcher holds 600 MiB more than the child will
+    ballast.add_(1)
+    code = "from vlastack.train.logs import peak_memory_mb; print(peak_memory_mb())"
+    child = float(
+        subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    )
+    with open("/proc/self/status") as f:
+        mine = next(int(ln.split()[1]) for ln in f if ln.startswith("VmRSS:")) / 2**10
+    assert child < mine - 400, (child, mine)
+    del ballast
