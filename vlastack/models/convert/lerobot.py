@@ -14,7 +14,7 @@ Shapes come from the tensors; what tensors cannot tell (head counts) comes from 
 variant names, and dotted overrides (``model.vision.heads=4``) win over both.
 
     ckpt = locate(folder)                            # resolved, config.json read, format detected
-    cfg, kind = config_from_checkpoint(ckpt, overrides)
+    cfg, kind, meta = config_from_checkpoint(ckpt, overrides)
     model = build_from_checkpoint(ckpt, cfg, kind)  # a VLA with every weight from the file
     model, kind, meta = load_checkpoint(folder, overrides)   # the three in one call
 
