@@ -58,7 +58,12 @@ def baseline_bytes(threads: int | None = None, cfg_args: dict | None = None, dat
     import torch
 
     code = _BASELINE.format(threads=threads or torch.get_num_threads(), data=data, cfg=cfg_args or {})
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    if out.returncode != 0:  # e.g. --data that the config cannot read: one line, not a traceback
+        last = (out.stderr.strip().splitlines() or ["no output"])[-1]
+        raise ValueError(
+            f"vla plan: could not measure the process baseline{f' with --data {data}' if data else ''}: {last}"
+        )
     return int(out.stdout.strip().splitlines()[-1])
 
 
