@@ -136,41 +136,41 @@ def held_load(
     start = threading.Barrier(ws_clients + http_clients + 1)
     stop_at = [0.0]
 
-    def ws_worker(c) -> None:
+    def client_loop(kind: str, request, on_error=lambda: None) -> None:
+        """``request()`` back to back until the hold ends; each one a reply, or an error."""
         start.wait()
         while time.perf_counter() < stop_at[0]:
             t0 = time.perf_counter()
             with lock:
-                sent["ws"] += 1
+                sent[kind] += 1
             try:
-                c.infer(obs)
+                request()
                 with lock:
-                    lat["ws"].append((time.perf_counter() - t0) * 1e3)
+                    lat[kind].append((time.perf_counter() - t0) * 1e3)
             except Exception as e:
                 with lock:
-                    errors.append(f"ws {type(e).__name__}: {e}"[:200])
+                    errors.append(f"{kind} {type(e).__name__}: {e}"[:200])
+                on_error()
+
+    def ws_worker(c) -> None:
+        client_loop("ws", lambda: c.infer(obs))
 
     def http_worker() -> None:
-        conn = http.client.HTTPConnection("127.0.0.1", http_port, timeout=120)
-        start.wait()
-        while time.perf_counter() < stop_at[0]:
-            t0 = time.perf_counter()
-            with lock:
-                sent["http"] += 1
-            try:
-                conn.request("POST", "/act", body=body, headers={"Content-Type": "application/json"})
-                r = conn.getresponse()
-                r.read()
-                if r.status != 200:
-                    raise RuntimeError(f"HTTP {r.status}")
-                with lock:
-                    lat["http"].append((time.perf_counter() - t0) * 1e3)
-            except Exception as e:
-                with lock:
-                    errors.append(f"http {type(e).__name__}: {e}"[:200])
-                conn.close()
-                conn = http.client.HTTPConnection("127.0.0.1", http_port, timeout=120)
-        conn.close()
+        conn = [http.client.HTTPConnection("127.0.0.1", http_port, timeout=120)]
+
+        def post() -> None:
+            conn[0].request("POST", "/act", body=body, headers={"Content-Type": "application/json"})
+            r = conn[0].getresponse()
+            r.read()
+            if r.status != 200:
+                raise RuntimeError(f"HTTP {r.status}")
+
+        def reconnect() -> None:  # a failed keep-alive connection is not reused
+            conn[0].close()
+            conn[0] = http.client.HTTPConnection("127.0.0.1", http_port, timeout=120)
+
+        client_loop("http", post, reconnect)
+        conn[0].close()
 
     threads = [threading.Thread(target=ws_worker, args=(c,), daemon=True) for c in conns]
     threads += [threading.Thread(target=http_worker, daemon=True) for _ in range(http_clients)]

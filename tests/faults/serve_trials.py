@@ -297,6 +297,18 @@ def start_cli_server(policy_dir: Path, *extra: str) -> tuple[subprocess.Popen, i
     raise RuntimeError("vla serve did not start")
 
 
+def sigterm_and_wait(proc: subprocess.Popen, timeout: float = 60) -> tuple[int | None, float]:
+    """SIGTERM ``proc`` -> (its exit code, None if it had to be killed after ``timeout``; seconds)."""
+    t0 = time.perf_counter()
+    proc.send_signal(signal.SIGTERM)
+    try:
+        rc = proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        rc = None
+    return rc, time.perf_counter() - t0
+
+
 def sigterm_under_load_trial(policy_dir: Path, clients: int = 8) -> Trial:
     """``vla serve`` gets SIGTERM while clients keep sending (on fresh connections, backing off 20 ms
     after a 503): every request that reached the server gets a reply (200, or 503 while draining);
@@ -326,14 +338,7 @@ def sigterm_under_load_trial(policy_dir: Path, clients: int = 8) -> Trial:
     for t in threads:
         t.start()
     time.sleep(2.0)
-    t0 = time.perf_counter()
-    proc.send_signal(signal.SIGTERM)
-    try:
-        rc = proc.wait(60)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        rc = None
-    dt = time.perf_counter() - t0
+    rc, dt = sigterm_and_wait(proc)
     stop.set()
     for t in threads:
         t.join(30)
@@ -432,15 +437,8 @@ def large_upload_sigterm_trial(
     for t in threads:
         t.start()
     time.sleep(3.0)
-    t0 = time.perf_counter()
-    proc.send_signal(signal.SIGTERM)
     signalled.set()
-    try:
-        rc = proc.wait(60)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        rc = None
-    exit_s = time.perf_counter() - t0
+    rc, exit_s = sigterm_and_wait(proc)
     for t in threads:
         t.join(60)
     log_tail = proc.stderr.read()[-2000:] if proc.stderr else ""

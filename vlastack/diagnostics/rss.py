@@ -20,7 +20,6 @@ counted: the prediction says so when ``train.compile`` is on.
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 
@@ -116,11 +115,3 @@ def predict_rss(cfg: Config, tensor_peak: int, inputs: int, data: str | None = N
     if t.compile:
         notes.append("train.compile: Inductor's own memory (several hundred MiB) is not counted")
     return {"rss_bytes": max(steady, stacking), "parts": parts, "notes": notes}
-
-
-def _main() -> None:  # python -m vlastack.diagnostics.rss: the baseline alone, as JSON
-    print(json.dumps({"baseline_bytes": baseline_bytes()}))
-
-
-if __name__ == "__main__":
-    _main()

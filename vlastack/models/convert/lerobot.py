@@ -231,11 +231,6 @@ def _format(folder: Path, cfg: dict) -> str:
     raise ValueError(f"{folder}/config.json: neither a vlastack, a LeRobot pi0/pi05 nor an openpi config")
 
 
-def detect_format(folder: str | Path) -> str:
-    """-> "vlastack" | "lerobot" | "openpi"; a ValueError naming what is missing otherwise."""
-    return locate(folder).fmt
-
-
 def checkpoint_kind(header: dict[str, TensorInfo]) -> str:
     """pi05 has ``time_mlp_in`` and adaptive expert norms; pi0 has ``state_proj``."""
     keys = {canonical_key(k) for k in header}
