@@ -40,7 +40,8 @@ PALIGEMMA_TOKENIZER = "google/paligemma-3b-pt-224"
 class Parts:
     """What a policy folder of any format holds, for ``Policy``: the model, LeRobot's exact input
     pipeline (None for a trained vlastack folder), the text tokenizer, the normalizer (None:
-    identity), the checkpoint kind, the folder and its format."""
+    identity), the checkpoint kind, the folder, its format and the actions it runs per chunk
+    (a LeRobot folder's ``n_action_steps``; None: the policy's default)."""
 
     model: torch.nn.Module
     pipeline: Pipeline | None
@@ -49,6 +50,15 @@ class Parts:
     folder: Path
     normalizer: Any
     fmt: str
+    replan_steps: int | None = None
+
+
+def lerobot_steps_per_chunk(meta: dict) -> int | None:
+    """A LeRobot pi0/pi05/pi0-FAST ``config.json``'s ``n_action_steps`` (capped at ``chunk_size``):
+    how many actions lerobot-eval runs per chunk. None for other configs."""
+    if meta.get("type") in ("pi0", "pi05", "pi0_fast") and meta.get("n_action_steps"):
+        return int(min(meta["n_action_steps"], meta.get("chunk_size") or meta["n_action_steps"]))
+    return None
 
 
 def tokenizer_name(folder: Path) -> str:
@@ -159,7 +169,8 @@ def read_external(
     model = build_from_checkpoint(ckpt, cfg, kind, strict=strict, dtype=dtype)
     if kind == "pi0_fast":
         attach_tokenizers(model, ckpt, tok)
-    return Parts(model.to(device), pipe, tok, kind, folder, pipe.normalizer, ckpt.fmt)
+    steps = lerobot_steps_per_chunk(meta) if ckpt.fmt == "lerobot" else None
+    return Parts(model.to(device), pipe, tok, kind, folder, pipe.normalizer, ckpt.fmt, steps)
 
 
 def import_checkpoint(

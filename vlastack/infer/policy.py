@@ -75,7 +75,7 @@ def set_decoding(model: torch.nn.Module, options: dict[str, Any]) -> None:
 def saved_steps_per_chunk(path: str | Path) -> int | None:
     """``eval.steps_per_chunk`` of a vlastack checkpoint's config.yaml, capped at its action horizon:
     the one source for how many actions run per chunk (``vla eval``, ``Policy``, ``vla serve``'s
-    /metadata). None when the folder has no config.yaml."""
+    /metadata). None when the folder has no config.yaml (a LeRobot folder: ``external.lerobot_steps_per_chunk``)."""
     f = Path(path) / "config.yaml"
     if not f.is_file():
         return None
@@ -207,8 +207,10 @@ class Policy:
         from vlastack.infer.external import load_parts
 
         parts = load_parts(path, overrides, strict, device=device, ema=ema)  # one reader per format
-        if parts.fmt == "vlastack" and kwargs.get("replan_steps") is None:
-            kwargs["replan_steps"] = saved_steps_per_chunk(parts.folder)  # what `vla eval` runs it with
+        if kwargs.get("replan_steps") is None:  # what `vla eval` runs it with
+            kwargs["replan_steps"] = (
+                parts.replan_steps if parts.fmt != "vlastack" else saved_steps_per_chunk(parts.folder)
+            )
         return cls(parts.model, parts.normalizer, parts.tokenizer, device=device, dtype=dtype,
                    compile=compile, preprocess=parts.pipeline, **kwargs)  # fmt: skip
 

@@ -54,8 +54,15 @@ def register(sub, groups) -> None:
     g.set_defaults(func=_generate)
 
     e = sub.add_parser("eval", help="closed-loop evaluation of a policy on a simulated suite")
-    e.add_argument("--policy", required=True, help="checkpoint folder | random | expert")
-    e.add_argument("--suite", default=None, help="builtin | metaworld (default: eval.suite)")
+    e.add_argument(
+        "--policy", required=True, help="checkpoint folder | random | expert | ws://HOST:PORT (a `vla serve`)"
+    )
+    e.add_argument(
+        "--suite",
+        default=None,
+        help="builtin | dynamic | metaworld | libero_spatial | libero_object | libero_goal | libero_10 "
+        "| libero_90 (default: eval.suite)",
+    )
     e.add_argument("--tasks", default=None, help="comma-separated subset (default: eval.tasks)")
     n = e.add_mutually_exclusive_group()
     n.add_argument(
@@ -87,6 +94,13 @@ def register(sub, groups) -> None:
     e.add_argument("--videos", type=int_at_least(0), default=None, help="mp4 rollouts to save")
     e.add_argument("--image-size", type=int_at_least(8), default=None)
     e.add_argument("--cameras", default=None, help="default: the checkpoint's cameras, else the suite's")
+    e.add_argument(
+        "--camera-map",
+        default=None,
+        metavar="CAM=SOURCE,...",
+        help="LIBERO: which camera feeds each policy camera (agentview | wrist | none) where the "
+        "names do not say (default: derived from the names, e.g. image=agentview, image2=wrist)",
+    )
     e.add_argument(
         "--decode",
         action="append",
@@ -129,6 +143,33 @@ def _generate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _camera_map(text: str | None) -> dict[str, str | None] | None:
+    """``"cam_high=agentview,cam_low=wrist,cam_right=none"`` -> {name: source or None}."""
+    if not text:
+        return None
+    out: dict[str, str | None] = {}
+    for item in _split(text):
+        name, sep, src = item.partition("=")
+        if not sep or not name.strip():
+            raise ValueError(f"--camera-map items are CAMERA=agentview|wrist|none, got {item!r}")
+        src = src.strip().lower()
+        out[name.strip()] = None if src in ("none", "") else src
+    return out
+
+
+def _lerobot_steps(policy: str) -> int | None:
+    """A LeRobot pi0/pi05/pi0-FAST folder's ``n_action_steps`` (what lerobot-eval runs per chunk)."""
+    from pathlib import Path
+
+    cfg_file = Path(policy) / "config.json"
+    if not cfg_file.is_file():
+        return None
+    from vlastack.fileio import read_json
+    from vlastack.infer.external import lerobot_steps_per_chunk
+
+    return lerobot_steps_per_chunk(read_json(cfg_file))
+
+
 def _chunk_length(policy: str) -> int | None:
     """The action horizon of a vlastack checkpoint folder (None for baselines and other formats)."""
     from pathlib import Path
@@ -144,6 +185,7 @@ def _chunk_length(policy: str) -> int | None:
 
 def _eval(args: argparse.Namespace) -> int:
     from vlastack.cli_common import config_from_args
+    from vlastack.config import EvalConfig
     from vlastack.sim.evaluate import evaluate
 
     ec = config_from_args(args).eval
@@ -153,12 +195,16 @@ def _eval(args: argparse.Namespace) -> int:
 
     spec = args.policy
     saved = None
-    if spec not in ("random", "expert"):
+    if spec.startswith("ws://"):
+        from vlastack.sim.policies import server_metadata
+
+        saved = server_metadata(spec).get("replan_steps")  # the server's own chunk execution
+    elif spec not in ("random", "expert"):
         from vlastack.infer.policy import saved_steps_per_chunk
 
         # One source: a checkpoint runs with the steps per chunk it was trained for (its config.yaml),
         # as Policy.from_pretrained and `vla serve` do; --steps-per-chunk overrides.
-        saved = saved_steps_per_chunk(spec)
+        saved = saved_steps_per_chunk(spec) or _lerobot_steps(spec)
     steps_per_chunk = pick(args.steps_per_chunk, pick(saved, ec.steps_per_chunk))
     horizon = _chunk_length(spec)
     if horizon is not None and steps_per_chunk > horizon:
@@ -176,10 +222,16 @@ def _eval(args: argparse.Namespace) -> int:
         if spec in ("random", "expert"):
             raise ValueError("--decode applies to a token-head checkpoint, not a baseline policy")
         spec = Checkpoint(spec, decoding)
+    suite = pick(args.suite, ec.suite)
+    image_size = pick(args.image_size, ec.image_size)
+    if suite.startswith("libero") and args.image_size is None and ec.image_size == EvalConfig.image_size:
+        from vlastack.sim.libero import LEROBOT_IMAGE_SIZE
+
+        image_size = LEROBOT_IMAGE_SIZE  # LeRobot's LIBERO frames, not the built-in suite's 64 px
     res = evaluate(
         spec,
         ec,  # every eval.* setting of the config; the flags below override theirs
-        suite=pick(args.suite, ec.suite),
+        suite=suite,
         tasks=_split(args.tasks) if args.tasks is not None else ec.tasks,
         episodes=pick(args.episodes_per_task, pick(args.episodes, ec.episodes)),
         seed_scheme="per_task" if args.episodes_per_task else ec.seed_scheme,
@@ -189,8 +241,9 @@ def _eval(args: argparse.Namespace) -> int:
         temporal_ensemble=pick(args.temporal_ensemble, ec.temporal_ensemble),
         out_dir=args.out,
         videos=pick(args.videos, ec.videos),
-        image_size=pick(args.image_size, ec.image_size),
+        image_size=image_size,
         cameras=_split(args.cameras) or None,
+        camera_map=_camera_map(args.camera_map),
     )
     for t, s in res["tasks"].items():
         lo, hi = s["ci95"]

@@ -33,6 +33,8 @@ SUITES: dict[str, tuple[str, ...]] = {
     "dynamic": tuple(DYNAMIC_TASKS),
 }
 ALL_TASKS = {**TASKS, **DYNAMIC_TASKS}
+LIBERO_SUITES = ("libero_spatial", "libero_object", "libero_goal", "libero_10", "libero_90")
+ALL_SUITES = (*SUITES, "metaworld", *LIBERO_SUITES)
 
 
 def suite_tasks(suite: str, tasks: tuple[str, ...] | list[str] = ()) -> tuple[str, ...]:
@@ -41,10 +43,14 @@ def suite_tasks(suite: str, tasks: tuple[str, ...] | list[str] = ()) -> tuple[st
         from vlastack.sim.metaworld_tasks import MT10, expand_tasks
 
         return expand_tasks(tasks) if tasks else MT10  # names, MT10, MT50 or difficulty groups
+    if suite.startswith("libero"):
+        from vlastack.sim.libero import task_keys
+
+        return task_keys(suite, tasks)  # "libero_spatial/0", ...: ids or LIBERO's task names
     if suite in SUITES:
         known = tuple(ALL_TASKS) if suite == "builtin" else SUITES[suite]
     else:
-        raise ValueError(f"unknown suite {suite!r}; choose from {', '.join([*SUITES, 'metaworld'])}")
+        raise ValueError(f"unknown suite {suite!r}; choose from {', '.join(ALL_SUITES)}")
     if not tasks:
         return SUITES.get(suite, tuple(known))
     bad = [t for t in tasks if t not in known]
@@ -130,7 +136,10 @@ class BuiltinEnv(gym.Env):
 
 
 def default_cameras(suite: str) -> tuple[str, ...]:
-    """The cameras a suite renders unless told otherwise (Meta-World: LeRobot's one ``image``)."""
+    """The cameras a suite renders unless told otherwise (Meta-World: LeRobot's one ``image``;
+    LIBERO: LeRobot's ``image`` (agentview) and ``image2`` (wrist))."""
+    if suite in LIBERO_SUITES:
+        return ("image", "image2")
     return ("image",) if suite == "metaworld" else ("scene", "wrist")
 
 
@@ -142,21 +151,29 @@ def make_env(
     suite: str = "builtin",
     render_quality: str = "lerobot",
     max_steps: int = 0,
+    camera_map: dict[str, str | None] | None = None,
 ):
     """Build one env of ``suite``. ``seed`` seeds the first ``reset`` if given. ``image_size`` and
     ``cameras`` default to the suite's own (builtin: 64 px, scene + wrist; Meta-World: LeRobot's
-    480 px ``image``). ``render_quality``: Meta-World only (``metaworld.RENDER_QUALITY``); ``max_steps``: the episode
-    limit, 0 = the task's own (builtin: per task, Meta-World 500)."""
+    480 px ``image``; LIBERO: LeRobot's 360 px ``image`` + ``image2``). ``render_quality``: Meta-World
+    only (``metaworld.RENDER_QUALITY``); ``max_steps``: the episode limit, 0 = the task's own
+    (builtin: per task, Meta-World 500, LIBERO per suite); ``camera_map``: LIBERO only, policy
+    camera -> ``agentview`` / ``wrist`` / None where the names do not say (``libero.match_cameras``)."""
     cameras = tuple(cameras) if cameras is not None else default_cameras(suite)  # () = render nothing
     if suite == "metaworld":
         from vlastack.sim.metaworld import LEROBOT_IMAGE_SIZE, LEROBOT_MAX_STEPS, MetaWorldEnv
 
         size = image_size or LEROBOT_IMAGE_SIZE
         env = MetaWorldEnv(task_name, size, cameras, max_steps or LEROBOT_MAX_STEPS, render_quality)
+    elif suite in LIBERO_SUITES:
+        from vlastack.sim.libero import LEROBOT_IMAGE_SIZE as LIBERO_SIZE
+        from vlastack.sim.libero import LiberoEnv
+
+        env = LiberoEnv(suite, task_name, image_size or LIBERO_SIZE, cameras, max_steps, camera_map)
     elif suite in SUITES:
         env = BuiltinEnv(task_name, image_size=image_size or 64, cameras=cameras, max_steps=max_steps or None)
     else:
-        raise ValueError(f"unknown suite {suite!r}; choose from {', '.join([*SUITES, 'metaworld'])}")
+        raise ValueError(f"unknown suite {suite!r}; choose from {', '.join(ALL_SUITES)}")
     if seed is not None:
         env.reset(seed=seed)
     return env

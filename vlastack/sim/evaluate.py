@@ -193,6 +193,7 @@ def evaluate(
     *,
     out_dir: str | Path | None = None,
     cameras: tuple[str, ...] | list[str] | None = None,
+    camera_map: dict[str, str | None] | None = None,
     **overrides: Any,
 ) -> dict[str, Any]:
     """Evaluate a policy spec (or, with ``num_workers=0``, a policy object) on a suite.
@@ -204,6 +205,8 @@ def evaluate(
     (one per task when ``videos`` covers the tasks, else half successes, half failures).
     ``cameras``: default the checkpoint's ``model.camera_names``, else the suite's; ``()`` renders
     nothing (the scripted expert reads the state: Meta-World's expert check runs 50x faster).
+    ``camera_map``: LIBERO only, policy camera -> ``agentview`` / ``wrist`` / None, for names
+    ``sim.libero.match_cameras`` cannot place.
     """
     from vlastack.sim.env import suite_tasks
 
@@ -224,6 +227,10 @@ def evaluate(
     cameras = tuple(cameras) if cameras is not None else _policy_cameras(policy_factory, cfg.suite)
     env_kw = {"image_size": cfg.image_size, "cameras": cameras, "suite": cfg.suite,
               "render_quality": cfg.render_quality, "max_steps": cfg.max_steps}  # fmt: skip
+    if cameras and (camera_map is not None or cfg.suite.startswith("libero")):
+        from vlastack.sim.libero import match_cameras
+
+        env_kw["camera_map"] = match_cameras(cameras, camera_map)  # checked here, once, not per worker
     run_kw = {
         "steps_per_chunk": cfg.steps_per_chunk,
         "temporal_ensemble": cfg.temporal_ensemble,
@@ -267,6 +274,8 @@ def evaluate(
         "steps_per_chunk": cfg.steps_per_chunk, "temporal_ensemble": cfg.temporal_ensemble,
         "image_size": cfg.image_size, "cameras": list(cameras), "execution": asdict(cfg.execution),
     }  # fmt: skip
+    if "camera_map" in env_kw:
+        res["config"]["camera_map"] = env_kw["camera_map"]
     if out_dir is not None:
         write_outputs(res, results, Path(out_dir), videos)
     return res
@@ -283,14 +292,24 @@ def _policy_cameras(spec: Any, suite: str) -> tuple[str, ...]:
     """A checkpoint's ``model.camera_names`` (what it was trained on), else the suite's cameras."""
     from vlastack.sim.env import default_cameras
 
+    if isinstance(spec, str) and spec.startswith("ws://"):
+        from vlastack.sim.policies import server_metadata
+
+        names = server_metadata(spec).get("camera_names")
+        return tuple(names) if names else default_cameras(suite)
     folder = _checkpoint_dir(spec)
     cfg_file = folder / "config.json" if folder else None
     if cfg_file is not None and cfg_file.is_file():
         from vlastack.fileio import read_json
 
-        names = (read_json(cfg_file).get("model") or {}).get("camera_names")
+        meta = read_json(cfg_file)
+        names = (meta.get("model") or {}).get("camera_names") if isinstance(meta.get("model"), dict) else None
         if names:
             return tuple(names)
+        if meta.get("type") in ("pi0", "pi05", "pi0_fast") or "paligemma_variant" in meta:
+            from vlastack.models.convert.lerobot import camera_names
+
+            return camera_names(meta)  # a LeRobot / openpi checkpoint: its input features
     return default_cameras(suite)
 
 
@@ -426,7 +445,7 @@ def write_videos(results: list[dict], folder: Path, count: int, fps: int = 10) -
         scale = max(1, 256 // f.shape[1])  # upscale tiny frames so the video is watchable
         f = np.ascontiguousarray(f.repeat(scale, 1).repeat(scale, 2))
         tag = "success" if r["success"] else "failure"
-        path = folder / f"ep{r['episode']:04d}_{r['task']}_{tag}.mp4"
+        path = folder / f"ep{r['episode']:04d}_{r['task'].replace('/', '_')}_{tag}.mp4"
         enc = VideoEncoder(
             path, fps=min(30, fps), height=f.shape[1] // 2 * 2, width=f.shape[2] // 2 * 2, gop=10
         )

@@ -9,6 +9,8 @@ Evaluation workers build their own policy from a *spec* (never a pickled model):
 - ``"random"`` / ``"expert"``: the baselines below;
 - a checkpoint folder: ``vlastack.infer.policy.Policy.from_pretrained(path)``;
 - ``Checkpoint(path, decoding)``: the same with token-decoding options (``vla eval --decode``);
+- ``"ws://host:port"``: a policy served by ``vla serve`` (or any openpi server), queried with
+  openpi's client as openpi's own LIBERO example does (``RemotePolicy``);
 - any picklable zero-argument callable (a module-level function, ``functools.partial``...).
 """
 
@@ -43,11 +45,17 @@ class PolicyOutputError(ValueError):
 
 
 class RandomPolicy:
-    """Uniform actions in [-1, 1]: the floor any trained policy should beat."""
+    """Uniform actions in [-1, 1]: the floor any trained policy should beat. Sized by the env it
+    runs in (4 actions in the built-in suite and Meta-World, 7 in LIBERO)."""
+
+    needs_env = True
 
     def __init__(self, action_dim: int = 4, horizon: int = 8, seed: int = 0):
         self.action_dim, self.horizon = action_dim, horizon
         self.rng = np.random.default_rng(seed)
+
+    def bind_env(self, env) -> None:
+        self.action_dim = int(env.action_space.shape[0])
 
     def reset(self) -> None:
         pass
@@ -70,6 +78,11 @@ class ExpertPolicy:
         self.env = None
 
     def bind_env(self, env) -> None:
+        if not hasattr(env, "expert_action"):
+            task = getattr(env, "task_name", type(env).__name__)
+            raise ValueError(
+                f"{task}: this suite has no scripted expert (the built-in suite and Meta-World do)"
+            )
         self.env = env
 
     def reset(self) -> None:
@@ -79,6 +92,48 @@ class ExpertPolicy:
         if self.env is None:
             raise RuntimeError("ExpertPolicy needs the env: call bind_env(env) before infer")
         return {"actions": np.asarray(self.env.expert_action(), np.float32)[None]}
+
+
+class RemotePolicy:
+    """A served policy at ``ws://host:port``, through openpi's ``WebsocketClientPolicy``.
+
+    Each observation goes out as openpi's flat keys (``observation/<camera>`` by the server's own
+    camera names, ``observation/state``, ``prompt``) and the reply's whole chunk comes back; the
+    evaluator runs ``steps_per_chunk`` of it (default: the server's ``replan_steps``)."""
+
+    def __init__(self, url: str) -> None:
+        from openpi_client.websocket_client_policy import WebsocketClientPolicy
+
+        host, port = _host_port(url)
+        self.client = WebsocketClientPolicy(host, port)
+        self.metadata = self.client.get_server_metadata()
+
+    def reset(self) -> None:
+        pass
+
+    def infer(self, obs: dict) -> dict[str, np.ndarray]:
+        msg: dict[str, Any] = {f"observation/{cam}": img for cam, img in obs["images"].items()}
+        msg["observation/state"] = np.asarray(obs["state"], np.float32)
+        msg["prompt"] = obs["prompt"]
+        return {"actions": np.asarray(self.client.infer(msg)["actions"], np.float32)}
+
+
+def _host_port(url: str) -> tuple[str, int]:
+    from urllib.parse import urlparse
+
+    u = urlparse(url)
+    if u.scheme != "ws" or not u.hostname or u.port is None:
+        raise ValueError(f"a served policy is ws://HOST:PORT, got {url!r}")
+    return u.hostname, u.port
+
+
+def server_metadata(url: str) -> dict:
+    """``/metadata`` of the policy served at ``url`` (its cameras and replan_steps), one round trip."""
+    client = RemotePolicy(url)
+    try:
+        return dict(client.metadata)
+    finally:
+        client.client._ws.close()
 
 
 def build_policy(spec: PolicySpec | Any) -> Any:
@@ -93,6 +148,8 @@ def build_policy(spec: PolicySpec | Any) -> Any:
         return RandomPolicy()
     if spec == "expert":
         return ExpertPolicy()
+    if spec.startswith("ws://"):
+        return RemotePolicy(spec)
     if not Path(spec).exists():
         raise ValueError(f"policy {spec!r} is neither 'random', 'expert' nor an existing checkpoint folder")
     from vlastack.infer.policy import Policy  # lazy: torch and the model load only when needed
