@@ -201,3 +201,41 @@ def test_vla_eval_cli_runs_a_libero_suite(tmp_path, capsys):
     assert res["tasks"]["libero_goal/1"]["n"] == 1
     assert main([*base, "--camera-map", "cam_high"]) == 2
     assert "--camera-map items are CAMERA=agentview|wrist|none" in capsys.readouterr().err
+
+
+@needs_libero
+def test_a_lerobot_pi05_libero_folder_runs_with_one_command(tmp_path):
+    """A LeRobot pi05 folder shaped like ``lerobot/pi05_libero`` (cameras image/image2, 8-d state,
+    7-d action; made from the tiny LeRobot fixture with its state statistics widened): `vla eval`
+    takes its cameras from the input features and its n_action_steps from config.json."""
+    import shutil
+
+    from safetensors.numpy import load_file, save_file
+
+    from vlastack.cli import main
+
+    src = Path(__file__).resolve().parents[1] / "fixtures" / "lerobot" / "pi05"
+    folder = tmp_path / "pi05_libero"
+    shutil.copytree(src, folder)
+    cfg = json.loads((folder / "config.json").read_text())
+    vis = {"type": "VISUAL", "shape": [3, 256, 256]}
+    cfg["input_features"] = {"observation.images.image": vis, "observation.images.image2": vis,
+                             "observation.state": {"type": "STATE", "shape": [8]}}  # fmt: skip
+    cfg["n_action_steps"] = 3
+    (folder / "config.json").write_text(json.dumps(cfg))
+    pad = {"mean": 0.0, "std": 1.0, "min": -1.0, "max": 1.0, "q01": -1.0, "q99": 1.0}
+    for f in folder.glob("*normalizer*.safetensors"):
+        stats = load_file(f)
+        for k, v in list(stats.items()):
+            if k.startswith("observation.state."):
+                stats[k] = np.concatenate([v, np.full(2, pad[k.rsplit(".", 1)[1]], v.dtype)])
+        save_file(stats, f)
+    out = tmp_path / "eval"
+    args = ["eval", "--policy", str(folder), "--suite", "libero_spatial", "--tasks", "2", "--episodes-per-task",
+            "1", "--seed", "1000", "--workers", "0", "--image-size", "64", "--videos", "0", "--out", str(out),
+            "eval.max_steps=4"]  # fmt: skip
+    assert main(args) == 0
+    res = json.loads((out / "eval.json").read_text())
+    assert res["config"]["cameras"] == ["image", "image2"] and res["config"]["steps_per_chunk"] == 3
+    assert res["config"]["camera_map"] == {"image": "agentview", "image2": "wrist"}
+    assert res["episodes"][0]["steps"] == 4
