@@ -160,10 +160,11 @@ def scripted_pick_place(env, seed: int) -> tuple[bool, np.ndarray]:
     def hold(grip: float, steps: int) -> bool:
         return any(act(np.array([0, 0, 0, 0, 0, 0, grip], float)) for _ in range(steps))
 
+    up = np.array([0.0, 0.0, 0.1])
     done = (
-        go([*pos(obj), 0, 0, 0.1], -1) or go(pos(obj), -1, 60) or hold(1, 15)
-        or go([*eef(), 0, 0, 0.2], 1) or go([*pos(target), 0, 0, 0.2], 1, 100)
-        or go([*pos(target), 0, 0, 0.1], 1) or hold(-1, 20)
+        go(pos(obj) + up, -1) or go(pos(obj), -1, 60) or hold(1, 15)
+        or go(eef() + 2 * up, 1) or go(pos(target) + 2 * up, 1, 100)
+        or go(pos(target) + up, 1) or hold(-1, 20)
     )  # fmt: skip
     return bool(done or env.env.check_success()), np.stack(actions)
 
@@ -269,19 +270,22 @@ def main() -> None:
     suites = tuple(s for s in args.suites.split(",") if s)
     res = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
     res.update({"machine": machine(), "versions": versions(), "date": datetime.date.today().isoformat()})
-    if "install" in parts:
-        res["install"] = install_size()
-        print(f"install: {res['install']}")
-    if "speed" in parts:
-        res["speed"] = speed(suites)
-    if "random" in parts:
-        res["random_policy"] = {"episodes_per_task": args.random_episodes, "seeds": "1000 + j",
-                                "suites": random_policy(suites, args.random_episodes)}  # fmt: skip
-    if "scripted" in parts:
-        res["scripted_pick_place"] = scripted(args.scripted_inits, args.lerobot_python)
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(res, indent=1) + "\n")
-    print(f"wrote {RESULTS}")
+
+    def save(key: str, value: dict) -> None:  # after each part: a later crash keeps what was measured
+        res[key] = value
+        RESULTS.write_text(json.dumps(res, indent=1) + "\n")
+        print(f"wrote {key} to {RESULTS}", flush=True)
+
+    if "install" in parts:
+        save("install", install_size())
+    if "speed" in parts:
+        save("speed", speed(suites))
+    if "random" in parts:
+        save("random_policy", {"episodes_per_task": args.random_episodes, "seeds": "1000 + j",
+                               "suites": random_policy(suites, args.random_episodes)})  # fmt: skip
+    if "scripted" in parts:
+        save("scripted_pick_place", scripted(args.scripted_inits, args.lerobot_python))
 
 
 if __name__ == "__main__":
