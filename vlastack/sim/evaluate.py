@@ -182,6 +182,8 @@ def _episode_job(
     envs = _WORKER.setdefault("envs", {})
     if task not in envs:
         envs[task] = make_env(task, **env_kw)
+        # Closed before the interpreter tears down: robosuite's EGL contexts complain when freed late.
+        __import__("atexit").register(envs[task].close)
     run_kw = {**run_kw, "record": record}
     return run_episode(envs[task], _WORKER["policy"], policy_name(spec), seed, episode=episode, **run_kw)
 
