@@ -173,6 +173,13 @@ def test_policy_driven_libero_evaluation(tmp_path):
 
     with ServerThread(PolicyServer(Policy.from_pretrained(tmp_path / "ckpt", seed=0), port=0)) as srv:
         served = evaluate(f"ws://127.0.0.1:{srv.port}", **kw)
+        # openpi's own LIBERO example sends these keys; LeRobot's image2 is the wrist camera.
+        from openpi_client.websocket_client_policy import WebsocketClientPolicy
+
+        img = np.zeros((64, 64, 3), np.uint8)
+        msg = {"observation/image": img, "observation/wrist_image": img, "prompt": "pick",
+               "observation/state": np.zeros(8, np.float32)}  # fmt: skip
+        assert WebsocketClientPolicy("127.0.0.1", srv.port).infer(msg)["actions"].shape[1] == 7
     assert served["episodes"][0]["steps"] == 4 and served["config"]["cameras"] == ["image", "image2"]
     with pytest.raises(ValueError, match="cannot tell which LIBERO camera"):
         evaluate("random", cameras=("cam_high",), **kw)

@@ -3,7 +3,8 @@
 An observation is ``{"images": {cam: uint8 [H, W, 3] or [3, H, W]}, "state": float [S_env],
 "prompt": str}``. openpi-style flat keys are accepted too: ``observation/state``,
 ``observation/<camera name>``, ``observation/image`` (the first camera) and
-``observation/wrist_image`` (the first camera whose name contains "wrist").
+``observation/wrist_image`` (the first camera whose name contains "wrist", else LeRobot's
+LIBERO ``image2``).
 
 Every check raises ``ObsError`` (a ``ValueError``) naming the key, so the server can send the
 reason back to the client. Limits are checked before anything is allocated.
@@ -56,7 +57,9 @@ class InputSpec:
     ) -> InputSpec:
         aliases = {f"observation/{c}": c for c in camera_names}
         aliases.setdefault("observation/image", camera_names[0])
-        wrist = [c for c in camera_names if "wrist" in c]
+        # LeRobot's LIBERO datasets and checkpoints call the wrist camera "image2": openpi's LIBERO
+        # client (observation/wrist_image) must reach it too.
+        wrist = [c for c in camera_names if "wrist" in c] or [c for c in camera_names if c == "image2"]
         if wrist:
             aliases.setdefault("observation/wrist_image", wrist[0])
         return InputSpec(
