@@ -300,18 +300,18 @@ def _policy_cameras(spec: Any, suite: str) -> tuple[str, ...]:
         names = server_metadata(spec).get("camera_names")
         return tuple(names) if names else default_cameras(suite)
     folder = _checkpoint_dir(spec)
-    cfg_file = folder / "config.json" if folder else None
-    if cfg_file is not None and cfg_file.is_file():
-        from vlastack.fileio import read_json
+    if folder is not None and (folder / "config.json").is_file():
+        from vlastack.models.convert.lerobot import camera_names, locate
 
-        meta = read_json(cfg_file)
-        names = (meta.get("model") or {}).get("camera_names") if isinstance(meta.get("model"), dict) else None
+        try:
+            ckpt = locate(folder)  # the one format detection: vlastack, LeRobot or openpi
+        except ValueError:
+            return default_cameras(suite)  # not a policy folder this evaluator loads; it says so later
+        if ckpt.fmt != "vlastack":
+            return camera_names(ckpt.meta)  # a LeRobot / openpi checkpoint: its input features
+        names = ckpt.meta["model"].get("camera_names")
         if names:
             return tuple(names)
-        if meta.get("type") in ("pi0", "pi05", "pi0_fast") or "paligemma_variant" in meta:
-            from vlastack.models.convert.lerobot import camera_names
-
-            return camera_names(meta)  # a LeRobot / openpi checkpoint: its input features
     return default_cameras(suite)
 
 

@@ -200,8 +200,7 @@ class LiberoEnv(gym.Env):
     ):
         bench = _suite(suite)
         _, get_libero_path, offscreen_env = _import_libero()
-        names = [t.name for t in bench.tasks]
-        task_id = _task_id(task, names, suite)
+        task_id = int(task_keys(suite, [str(task)])[0].rsplit("/", 1)[1])
         if not 1 <= image_size <= 1024:
             raise ValueError(f"image_size must be in 1..1024, got {image_size}")
         limit = MAX_STEPS[suite]
@@ -296,15 +295,3 @@ class LiberoEnv(gym.Env):
         env, self.env = getattr(self, "env", None), None
         if env is not None:
             env.close()
-
-
-def _task_id(task: str | int, names: list[str], suite: str) -> int:
-    """``3``, ``"3"``, ``"libero_spatial/3"`` or the task's name -> its id in the suite."""
-    key = str(task).removeprefix(f"{suite}/")
-    if key.isdigit() and int(key) < len(names):
-        return int(key)
-    if key in names:
-        return names.index(key)
-    raise ValueError(
-        f"unknown {suite} task {task!r}: give an id 0..{len(names) - 1} or a name, e.g. {names[0]!r}"
-    )
