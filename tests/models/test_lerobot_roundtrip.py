@@ -19,7 +19,12 @@ MICRO = ["model.vision.depth=1", "model.vlm.depth=1", "model.expert.depth=1"]
 @pytest.mark.parametrize("variant", ["pi0", "pi05"])
 def test_export_lerobot_then_import_is_the_same_model(tmp_path, variant):
     torch.manual_seed(0)
-    cfg = load_config("tiny", overrides=[*MICRO, f"model.variant={variant}"]).model
+    # A policy trained on absolute targets says so after the round trip (issue 38): its chunks must
+    # not run as deltas once it has been through LeRobot's format.
+    rep = "absolute" if variant == "pi0" else "delta"
+    cfg = load_config(
+        "tiny", overrides=[*MICRO, f"model.variant={variant}", f"model.action_representation={rep}"]
+    ).model
     assert cfg.vision.heads == 4 and cfg.vlm.heads == 4  # not So400m's 16, not gemma_2b's 8
     build_model(cfg).save_pretrained(tmp_path / "policy")
     exported = export_lerobot(tmp_path / "policy", tmp_path / "lerobot")
@@ -31,7 +36,7 @@ def test_export_lerobot_then_import_is_the_same_model(tmp_path, variant):
         and back.cfg.vlm == ours.cfg.vlm
         and back.cfg.expert == ours.cfg.expert
     )
-    assert back.cfg.tokenizer == "byte"
+    assert back.cfg.tokenizer == "byte" and back.cfg.action_representation == rep
     for k, v in ours.state_dict().items():
         torch.testing.assert_close(back.state_dict()[k], v, rtol=0, atol=0, msg=k)
     # Without the sidecar the head counts are guesses from the variant names: said, not silent.

@@ -32,6 +32,7 @@ from vlastack.config.presets import (
     tiny,
 )
 from vlastack.config.schema import (
+    ACTION_REPRESENTATIONS,
     EXECUTION_METHODS,
     Config,
     DataConfig,
@@ -48,6 +49,7 @@ from vlastack.config.schema import (
 )
 
 __all__ = [
+    "ACTION_REPRESENTATIONS",
     "EXECUTION_METHODS",
     "HEAD_NAMES",
     "HEAD_SPECS",

@@ -25,6 +25,8 @@ def to_dict(cfg: Any) -> Any:
         skip = set(cfg.foreign_keys) if isinstance(cfg, ModelConfig) else set()
         if isinstance(cfg, ModelConfig) and cfg.head_options is None:
             skip.add("head_options")  # a head without its own options: the key stays out
+        if isinstance(cfg, ModelConfig) and cfg.action_representation == "auto":
+            skip.add("action_representation")  # unspecified: configs saved before it stay as they were
         return {f.name: to_dict(getattr(cfg, f.name)) for f in fields(cfg) if f.name not in skip}
     if isinstance(cfg, tuple | list):
         return [to_dict(v) for v in cfg]

@@ -9,6 +9,10 @@ from typing import Any
 from vlastack.config.errors import _check, _positive
 from vlastack.config.heads import HEAD_NAMES, HEAD_SPECS, HeadSpec
 
+# What an action means: "delta" moves the robot relative to where it is, "absolute" names where it
+# should be (sim/env.py). Meta-World and LIBERO take deltas, as LeRobot's environments do.
+ACTION_REPRESENTATIONS = ("delta", "absolute")
+
 # ----------------------------------------------------------------------------- model
 
 
@@ -265,6 +269,11 @@ class ModelConfig:
     time_max_period: float = 4.0
     # "byte": a file-free byte-level tokenizer; otherwise a folder with tokenizer.json/.model.
     tokenizer: str = "byte"
+    # What the actions mean ("delta" | "absolute", ACTION_REPRESENTATIONS), carried to Policy, the
+    # server's /metadata and exports so a chunk never runs in the wrong one. "auto": taken from the
+    # training data's record (``vla data generate`` writes one); it stays "auto" = unspecified for
+    # data that does not say and for checkpoints that never trained here (imports).
+    action_representation: str = "auto"
     # The options of a head registered with its own options dataclass (``HeadSpec.options_cls``;
     # ``model.head_options.<key>`` in YAML and overrides); None for a head without one. Saved only
     # with that head, so adding a head never changes another head's checkpoints.
@@ -291,6 +300,11 @@ class ModelConfig:
             f"(pi05 is a variant of the flow head)",
         )
         _positive(self, "action_horizon", "action_dim", "state_dim", "max_text_len", "num_denoise_steps")
+        _check(
+            self.action_representation in ("auto", *ACTION_REPRESENTATIONS),
+            "action_representation",
+            f"must be 'auto', 'delta' or 'absolute', got {self.action_representation!r}",
+        )
         if self.variant == "pi05" and self.tokenizer == "byte":
             # The Pi0.5 prompt (models/prompt.py) at its shortest: BOS, a 1-byte instruction, every
             # state dim a 1-digit bin. A prompt cut short loses the state, silently: refuse it here;
@@ -572,6 +586,9 @@ class EvalConfig:
     max_steps: int = (
         0  # episode limit; 0 = the task's own (builtin: per task; Meta-World 500, as lerobot-eval)
     )
+    # What the env's actions mean: "auto" = the policy's model.action_representation (delta for
+    # baselines and policies that do not say), or "delta" / "absolute" (builtin and dynamic suites).
+    action_representation: str = "auto"
 
     def __post_init__(self) -> None:
         _positive(self, "episodes", "steps_per_chunk", "image_size")
@@ -586,6 +603,11 @@ class EvalConfig:
             self.render_quality in ("lerobot", "fast"),
             "render_quality",
             f"must be 'lerobot' or 'fast', got {self.render_quality!r}",
+        )
+        _check(
+            self.action_representation in ("auto", *ACTION_REPRESENTATIONS),
+            "action_representation",
+            f"must be 'auto', 'delta' or 'absolute', got {self.action_representation!r}",
         )
         _check(
             self.execution.method != "temporal_ensemble" or self.temporal_ensemble > 0,

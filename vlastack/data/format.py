@@ -154,3 +154,13 @@ def train_seeds(data_path: str | Path) -> dict | None:
     info = json.loads(meta.read_text())
     pairs = [[e["task"], int(e["seed"])] for e in info.get("episode_info", [])]
     return {"dataset": str(Path(data_path).resolve()), "suite": info.get("suite"), "episodes": pairs}
+
+
+def action_representation(data_path: str | Path | None) -> str | None:
+    """What a generated dataset's actions mean (``delta`` / ``absolute``) from its
+    ``meta/vlastack_sim.json`` (``delta`` for one written before the record existed); None for other
+    data, which does not say."""
+    meta = Path(data_path) / "meta" / "vlastack_sim.json" if data_path else None
+    if meta is None or not meta.is_file():
+        return None
+    return json.loads(meta.read_text()).get("action_representation", "delta")

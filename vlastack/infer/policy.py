@@ -173,6 +173,13 @@ class Policy:
         return FastFlow(self.model, graph=True, compile=compile)
 
     @property
+    def action_representation(self) -> str:
+        """What the actions mean: ``delta``, ``absolute`` (``model.action_representation``, recorded
+        from the training data), or ``unspecified`` (a checkpoint that never trained here)."""
+        rep = self.cfg.action_representation
+        return "unspecified" if rep == "auto" else rep
+
+    @property
     def replan_steps(self) -> int:
         return self.chunker.replan_steps
 
@@ -230,6 +237,7 @@ class Policy:
             "state_dim": self.state_dim,
             "action_dim": self.action_dim,
             "action_horizon": c.action_horizon,
+            "action_representation": self.action_representation,
             "model_state_dim": c.state_dim,
             "model_action_dim": c.action_dim,
             "max_text_len": c.max_text_len,

@@ -53,10 +53,27 @@ ASYNC = ("naive_async", "temporal_ensemble", "rtc_inference", "rtc_training")
 RTC = ("rtc_inference", "rtc_training")
 
 
-def hold_action(last: np.ndarray | None, action_dim: int) -> np.ndarray:
-    """The action that keeps the robot still: zero deltas, the gripper (last dim) as it was.
-    The convention of delta-position + gripper action spaces (the built-in suite, Meta-World)."""
+def hold_action(
+    last: np.ndarray | None, action_dim: int, representation: str = "delta", state: np.ndarray | None = None
+) -> np.ndarray:
+    """The action that keeps the robot still, the gripper (last dim) as it was.
+
+    ``delta`` (the built-in suite, Meta-World, LIBERO): zero deltas. ``absolute``: the current
+    position as the target, read from ``state`` [S] whose first ``action_dim - 1`` dims are in the
+    action's units (the built-in suite's ee xyz; a joint-position robot's joints), the convention of
+    absolute-target + gripper action spaces. Not the last commanded target: the arm may not have
+    reached it, and holding means stopping where it is."""
     a = np.zeros(action_dim, np.float32)
+    if representation == "absolute":
+        s = None if state is None else np.asarray(state, np.float32).reshape(-1)
+        if s is None or s.shape[0] < action_dim - 1:
+            raise ValueError(
+                f"holding with absolute actions needs the state's first {action_dim - 1} dims (the "
+                f"current position), got {None if s is None else s.shape}"
+            )
+        a[:-1] = s[: action_dim - 1]
+    elif representation != "delta":
+        raise ValueError(f"representation must be 'delta' or 'absolute', got {representation!r}")
     if last is not None:
         a[-1] = last[-1]
     return a
@@ -255,14 +272,18 @@ class RealtimeRunner:
         ensemble: float = 0.0,
         assumed_delay: int | None = None,
         check: Callable[[Any, int], np.ndarray] | None = None,
+        representation: str = "delta",
     ) -> None:
         """``action_dim``: the env's (for the hold action before the first chunk);
+        ``representation``: what the actions mean, ``delta`` or ``absolute`` (``hold_action``);
         ``assumed_delay``: the estimate sent to the policy when it should differ from the
         simulated delay (tests of mis-estimation); ``check(reply, t) -> [H, A]`` validates a
         reply (default: its ``"actions"``)."""
         if cfg.delay < 0 and hz is None:
             raise ValueError("a live delay (execution.delay=-1) needs the control rate hz")
         self.policy, self.cfg, self.hz, self.action_dim = policy, cfg, hz, action_dim
+        hold_action(None, action_dim, representation, np.zeros(action_dim))  # checks the name
+        self.representation = representation
         self.executor = ChunkExecutor(cfg.method, steps_per_chunk, ensemble, cfg.overlap)
         self.estimator = DelayEstimator(hz or 1.0, cfg.delay_warmup, cfg.delay_quantile)
         self.assumed_delay = assumed_delay
@@ -315,7 +336,11 @@ class RealtimeRunner:
                 req = ex.request(est)
                 future = self._arrivals(self.pool.submit(self._infer, obs, req, ex.t))  # d = 0: now
             action = ex.action()
-            run = action if action is not None else hold_action(ex.last_action, self.action_dim)
+            if action is None:
+                state = obs.get("state", obs.get("observation/state")) if isinstance(obs, dict) else None
+                run = hold_action(ex.last_action, self.action_dim, self.representation, state)
+            else:
+                run = action
             obs, done = step(run)
             ex.advance(action, held=action is None)
             if self.hz is not None:

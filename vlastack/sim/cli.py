@@ -46,6 +46,12 @@ def register(sub, groups) -> None:
         "--settle", type=int, default=0, help="expert steps recorded after each success (async execution)"
     )
     g.add_argument(
+        "--action-representation",
+        choices=["delta", "absolute"],
+        default="delta",
+        help="builtin/dynamic suites: delta = (dx, dy, dz, grip); absolute = the gripper's target (x, y, z, grip)",
+    )
+    g.add_argument(
         "--video-quality",
         choices=["standard", "lossless"],
         default="standard",
@@ -134,6 +140,7 @@ def _generate(args: argparse.Namespace) -> int:
         video_quality=args.video_quality,
         settle=args.settle,
         render_quality=args.render_quality,
+        action_representation=args.action_representation,
     )
     rates = ", ".join(f"{t} {r:.0%}" for t, r in rep["expert_success"].items() if r is not None)
     print(

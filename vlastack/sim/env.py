@@ -7,6 +7,11 @@
 
 Actions are float32 [4] = (dx, dy, dz, grip): dx..dz are clipped to [-1, 1] and move the gripper
 by up to ``MAX_DELTA`` = 3 cm per step (10 Hz control, 20 physics substeps); grip > 0 closes.
+With ``action_representation="absolute"`` they are (x, y, z, grip) instead: the gripper's target
+position in metres, approached by at most ``MAX_DELTA`` per axis each step (a position-controlled
+arm with a speed limit; ``ACTION_REPRESENTATIONS``). The scripted expert answers in the env's
+representation, and its absolute target is exactly where its delta would move the gripper, so
+both representations replay the same trajectories.
 An episode terminates on success (reward 1) and is truncated at the task's step limit.
 
 Privileged hooks: ``env.expert_action()`` is the scripted expert's next action, and
@@ -22,8 +27,9 @@ import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
 
+from vlastack.config import ACTION_REPRESENTATIONS
 from vlastack.sim.dynamic import DYNAMIC_TASKS
-from vlastack.sim.scene import ACTION_DIM, CONTROL_HZ, EE_HOME, STATE_DIM, SimCore
+from vlastack.sim.scene import ACTION_DIM, CONTROL_HZ, EE_HIGH, EE_HOME, EE_LOW, MAX_DELTA, STATE_DIM, SimCore
 from vlastack.sim.tasks import TASKS
 
 # The ``builtin`` suite's default task list stays the four static families (the demo's data and
@@ -35,6 +41,20 @@ SUITES: dict[str, tuple[str, ...]] = {
 ALL_TASKS = {**TASKS, **DYNAMIC_TASKS}
 LIBERO_SUITES = ("libero_spatial", "libero_object", "libero_goal", "libero_10", "libero_90")
 ALL_SUITES = (*SUITES, "metaworld", *LIBERO_SUITES)
+
+
+def check_representation(representation: str, suite: str = "builtin") -> str:
+    """``representation`` if ``suite`` takes it, else a ``ValueError`` saying what it takes."""
+    if representation not in ACTION_REPRESENTATIONS:
+        raise ValueError(
+            f"action representation must be one of {', '.join(ACTION_REPRESENTATIONS)}, got {representation!r}"
+        )
+    if representation != "delta" and suite not in SUITES:
+        raise ValueError(
+            f"suite {suite!r} takes delta actions only (as LeRobot's environment does); absolute "
+            f"targets exist for the {' and '.join(SUITES)} suites"
+        )
+    return representation
 
 
 def suite_tasks(suite: str, tasks: tuple[str, ...] | list[str] = ()) -> tuple[str, ...]:
@@ -70,7 +90,9 @@ class BuiltinEnv(gym.Env):
         image_size: int = 64,
         cameras: tuple[str, ...] | list[str] = ("scene", "wrist"),
         max_steps: int | None = None,
+        action_representation: str = "delta",
     ):
+        self.action_representation = check_representation(action_representation)
         if task not in ALL_TASKS:
             raise ValueError(f"unknown built-in task {task!r}; choose from {', '.join(ALL_TASKS)}")
         if image_size < 16:
@@ -87,7 +109,11 @@ class BuiltinEnv(gym.Env):
                 "prompt": spaces.Text(256),
             }
         )
-        self.action_space = spaces.Box(-1.0, 1.0, (ACTION_DIM,), np.float32)
+        if self.action_representation == "absolute":
+            low, high = np.append(EE_LOW, -1.0), np.append(EE_HIGH, 1.0)
+            self.action_space = spaces.Box(low.astype(np.float32), high.astype(np.float32), dtype=np.float32)
+        else:
+            self.action_space = spaces.Box(-1.0, 1.0, (ACTION_DIM,), np.float32)
         self.prompt = ""
         self.t = 0
 
@@ -105,15 +131,26 @@ class BuiltinEnv(gym.Env):
         if a.shape != (ACTION_DIM,) or not np.all(np.isfinite(a)):
             raise ValueError(f"action must be {ACTION_DIM} finite floats, got {np.asarray(action)!r}")
         self.task.advance()  # dynamic families move their objects (a no-op for static ones)
-        self.core.step(a)
+        self.core.step(a, absolute=self.action_representation == "absolute")
         self.t += 1
         ok = self.task.success()
         truncated = self.t >= self.max_steps and not ok
         return self._obs(), float(ok), ok, truncated, {"task": self.task_name, "success": ok}
 
     def expert_action(self) -> np.ndarray:
-        """The scripted expert's next action (privileged: reads simulator state)."""
-        return self.task.expert()
+        """The scripted expert's next action (privileged: reads simulator state), in the env's
+        representation: absolute = the position its delta would move the gripper to."""
+        a = np.asarray(self.task.expert(), np.float32)
+        if self.action_representation == "absolute":
+            return self.to_absolute(a)
+        return a
+
+    def to_absolute(self, delta: np.ndarray) -> np.ndarray:
+        """A delta action [4] -> the absolute action [4] that moves the gripper the same way from
+        where it is now (the target ``SimCore.step`` would compute)."""
+        d = np.asarray(delta, np.float64)
+        target = np.clip(self.core.ee_pos + np.clip(d[:3], -1.0, 1.0) * MAX_DELTA, EE_LOW, EE_HIGH)
+        return np.append(target, d[3]).astype(np.float32)
 
     def privileged_state(self) -> np.ndarray:
         """The task's two key points (object, goal) as float32 [6] (privileged, for oracle checks)."""
@@ -152,13 +189,17 @@ def make_env(
     render_quality: str = "lerobot",
     max_steps: int = 0,
     camera_map: dict[str, str | None] | None = None,
+    action_representation: str = "delta",
 ):
     """Build one env of ``suite``. ``seed`` seeds the first ``reset`` if given. ``image_size`` and
     ``cameras`` default to the suite's own (builtin: 64 px, scene + wrist; Meta-World: LeRobot's
     480 px ``image``; LIBERO: LeRobot's 360 px ``image`` + ``image2``). ``render_quality``: Meta-World
     only (``metaworld.RENDER_QUALITY``); ``max_steps``: the episode limit, 0 = the task's own
     (builtin: per task, Meta-World 500, LIBERO per suite); ``camera_map``: LIBERO only, policy
-    camera -> ``agentview`` / ``wrist`` / None where the names do not say (``libero.match_cameras``)."""
+    camera -> ``agentview`` / ``wrist`` / None where the names do not say (``libero.match_cameras``);
+    ``action_representation``: ``delta`` or ``absolute`` (builtin and dynamic suites only; see the
+    module docstring)."""
+    check_representation(action_representation, suite if suite in ALL_SUITES else "builtin")
     cameras = tuple(cameras) if cameras is not None else default_cameras(suite)  # () = render nothing
     if suite == "metaworld":
         from vlastack.sim.metaworld import LEROBOT_IMAGE_SIZE, LEROBOT_MAX_STEPS, MetaWorldEnv
@@ -171,7 +212,8 @@ def make_env(
 
         env = LiberoEnv(suite, task_name, image_size or LIBERO_SIZE, cameras, max_steps, camera_map)
     elif suite in SUITES:
-        env = BuiltinEnv(task_name, image_size=image_size or 64, cameras=cameras, max_steps=max_steps or None)
+        env = BuiltinEnv(task_name, image_size=image_size or 64, cameras=cameras, max_steps=max_steps or None,
+                         action_representation=action_representation)  # fmt: skip
     else:
         raise ValueError(f"unknown suite {suite!r}; choose from {', '.join(ALL_SUITES)}")
     if seed is not None:

@@ -143,7 +143,10 @@ def _realtime_episode(env, obs, policy, name, seed, steps_per_chunk, ensemble, f
     if hasattr(policy, "guidance_max"):  # a vlastack Policy: inference-time RTC's clip (beta)
         policy.guidance_max = execution.guidance_max
     spc = execution.horizon or steps_per_chunk
-    runner = RealtimeRunner(policy, execution, adim, spc, hz=None, ensemble=ensemble, check=check)
+    rep = getattr(env, "action_representation", "delta")
+    runner = RealtimeRunner(
+        policy, execution, adim, spc, hz=None, ensemble=ensemble, check=check, representation=rep
+    )
     try:
         stats = runner.run(obs, step, max_steps=env.max_steps)
     finally:
@@ -227,8 +230,11 @@ def evaluate(
             "checkpoint path or a picklable factory) or use num_workers=0"
         )
     cameras = tuple(cameras) if cameras is not None else _policy_cameras(policy_factory, cfg.suite)
+    representation = policy_representation(policy_factory, cfg.action_representation, cfg.suite)
     env_kw = {"image_size": cfg.image_size, "cameras": cameras, "suite": cfg.suite,
               "render_quality": cfg.render_quality, "max_steps": cfg.max_steps}  # fmt: skip
+    if representation != "delta":  # the other suites' envs take deltas only (checked above)
+        env_kw["action_representation"] = representation
     if cameras and (camera_map is not None or cfg.suite.startswith("libero")):
         from vlastack.sim.libero import match_cameras
 
@@ -275,6 +281,7 @@ def evaluate(
         "render_quality": cfg.render_quality, "max_steps": cfg.max_steps, "num_workers": num_workers,
         "steps_per_chunk": cfg.steps_per_chunk, "temporal_ensemble": cfg.temporal_ensemble,
         "image_size": cfg.image_size, "cameras": list(cameras), "execution": asdict(cfg.execution),
+        "action_representation": representation,
     }  # fmt: skip
     if "camera_map" in env_kw:
         res["config"]["camera_map"] = env_kw["camera_map"]
@@ -313,6 +320,42 @@ def _policy_cameras(spec: Any, suite: str) -> tuple[str, ...]:
         if names:
             return tuple(names)
     return default_cameras(suite)
+
+
+def policy_representation(spec: Any, wanted: str, suite: str) -> str:
+    """The action representation to evaluate in: the policy's own (a checkpoint's
+    ``model.action_representation``, a server's ``/metadata``), ``wanted`` (``eval.action_representation``)
+    for baselines and policies that do not say; ``auto`` = the policy's, else ``delta``. A policy
+    that says one and an ``eval`` that asks for the other is refused: its chunks would run in the
+    wrong one."""
+    from vlastack.sim.env import check_representation
+
+    own = None
+    if isinstance(spec, str) and spec.startswith("ws://"):
+        from vlastack.sim.policies import server_metadata
+
+        own = server_metadata(spec).get("action_representation") or None
+    elif hasattr(spec, "action_representation"):  # a Policy object (num_workers=0)
+        own = spec.action_representation
+    else:
+        folder = _checkpoint_dir(spec)
+        if folder is not None and (folder / "config.json").is_file():
+            from vlastack.models.convert.lerobot import locate
+
+            try:
+                ckpt = locate(folder)
+            except ValueError:
+                ckpt = None
+            if ckpt is not None and ckpt.fmt == "vlastack":
+                own = ckpt.meta["model"].get("action_representation") or None
+    if own in (None, "unspecified"):
+        own = None
+    if own is not None and wanted not in ("auto", own):
+        raise ValueError(
+            f"the policy acts in {own} actions and eval.action_representation={wanted}: its chunks "
+            f"would run in the wrong representation; drop the setting (auto) or use a {wanted} policy"
+        )
+    return check_representation(own or ("delta" if wanted == "auto" else wanted), suite)
 
 
 def check_train_overlap(spec: Any, suite: str, pairs: list[tuple[str, int]]) -> dict | None:

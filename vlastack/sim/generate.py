@@ -8,6 +8,12 @@ Noise (DART-style): the executed action is the expert's plus Gaussian noise of s
 dx, dy, dz, while the recorded ``action`` is the clean expert action for the state actually seen,
 so demos cover small deviations together with the correction back.
 
+Action representation (builtin and dynamic suites, ``action_representation``): ``delta`` (the
+default, the demo's data) records (dx, dy, dz, grip); ``absolute`` records (x, y, z, grip), the
+gripper's target position, on the same trajectories (the noise is the same draw, in metres). It is
+recorded in ``meta/vlastack_sim.json`` and the action's feature names; training carries it into the
+policy (``model.action_representation``).
+
 Seeds: with ``episodes``, attempt ``k`` uses task ``tasks[k % len(tasks)]`` and seed ``seed + k``;
 with ``episodes_per_task`` (LeRobot's layout: N episodes of every task, in task order), attempt ``j``
 of every task uses seed ``seed + j``, as ``lerobot-eval`` numbers its episodes. The instruction is
@@ -41,10 +47,12 @@ from typing import Any
 import numpy as np
 
 from vlastack.progress import Progress
+from vlastack.sim.scene import MAX_DELTA
 
 EVAL_SEED_START = 1_000_000  # EvalConfig.seed: generation seeds must stay below it
 STATE_NAMES = ["ee_x", "ee_y", "ee_z", "gripper_opening", "holding"]
 ACTION_NAMES = ["dx", "dy", "dz", "grip"]
+ABSOLUTE_ACTION_NAMES = ["x", "y", "z", "grip"]
 ENV_STATE_NAMES = ["object_x", "object_y", "object_z", "goal_x", "goal_y", "goal_z"]
 ENV_UV_NAMES = ["object_u", "object_v", "goal_u", "goal_v"]
 # name -> (pix_fmt, crf): "standard" is LeRobot's yuv420p; "lossless" keeps the exact rendered
@@ -72,6 +80,7 @@ def rollout_expert(
     raws: list[np.ndarray] = []
     has_raw = hasattr(env, "raw_state")  # Meta-World: the 39-dim state LeRobot stores
     extra = 0
+    absolute = getattr(env, "action_representation", "delta") == "absolute"
     for _ in range(env.max_steps + settle):
         a = np.asarray(env.expert_action(), np.float32)
         for c, im in obs["images"].items():
@@ -85,7 +94,9 @@ def rollout_expert(
                 uvs[c].append(uv)
         actions.append(a)
         act = a.copy()
-        if noise > 0:
+        if noise > 0 and absolute:  # the same draw in metres: the env limits the step as for a delta
+            act[:3] = act[:3] + rng.normal(0.0, noise, 3) * MAX_DELTA
+        elif noise > 0:
             act[:3] = np.clip(act[:3] + rng.normal(0.0, noise, 3), -1.0, 1.0)
         obs, _, terminated, truncated, info = env.step(act)
         if ok:
@@ -128,7 +139,9 @@ def _job(task: str, seed: int, env_kw: dict, noise: float, settle: int = 0) -> d
     return ep
 
 
-def _episode_features(suite: str, cameras, image_size: int, state_dim: int, action_dim: int) -> dict:
+def _episode_features(
+    suite: str, cameras, image_size: int, state_dim: int, action_dim: int, representation: str = "delta"
+) -> dict:
     from vlastack.data.samples import ENV_KEY, ENV_UV_KEY, camera_key
 
     img_ft = {
@@ -141,7 +154,7 @@ def _episode_features(suite: str, cameras, image_size: int, state_dim: int, acti
     features["action"] = {"dtype": "float32", "shape": [action_dim], "names": None}
     if suite in ("builtin", "dynamic"):
         features["observation.state"]["names"] = STATE_NAMES
-        features["action"]["names"] = ACTION_NAMES
+        features["action"]["names"] = ABSOLUTE_ACTION_NAMES if representation == "absolute" else ACTION_NAMES
         features[ENV_KEY] = {"dtype": "float32", "shape": [len(ENV_STATE_NAMES)], "names": ENV_STATE_NAMES}
         for c in cameras:
             features[f"{ENV_UV_KEY}.{c}"] = {"dtype": "float32", "shape": [4], "names": ENV_UV_NAMES}
@@ -169,6 +182,7 @@ def generate(
     episodes_per_task: int | None = None,
     render_quality: str = "lerobot",
     resumable: bool = True,
+    action_representation: str = "delta",
 ) -> dict[str, Any]:
     """Write successful expert demos to a LeRobot v3 dataset at ``out``; returns a report.
 
@@ -179,7 +193,7 @@ def generate(
     the finished tasks; the parts are then merged into ``out`` (the same episodes, seeds and values as
     an uninterrupted run) and removed.
     ``progress``: show a live bar (episodes/s, ETA, the expert's success so far); ``settle``: see
-    ``rollout_expert``."""
+    ``rollout_expert``; ``action_representation``: ``delta`` or ``absolute`` (module docstring)."""
     from vlastack.data.lerobot import LeRobotWriter
     from vlastack.data.samples import ENV_KEY, ENV_UV_KEY, camera_key
     from vlastack.sim.env import default_cameras, make_env, suite_tasks
@@ -203,6 +217,8 @@ def generate(
             "disjoint from evaluation seeds"
         )
     env_kw = {"image_size": image_size, "cameras": cameras, "suite": suite, "render_quality": render_quality}
+    if action_representation != "delta":  # checked by make_env: builtin and dynamic suites only
+        env_kw["action_representation"] = action_representation
     probe = make_env(names[0], **env_kw)
     state_dim, action_dim = probe.observation_space["state"].shape[0], probe.action_space.shape[0]
     image_size = int(probe.observation_space["images"][cameras[0]].shape[0])
@@ -212,11 +228,13 @@ def generate(
         kw = {"suite": suite, "episodes_per_task": episodes_per_task, "workers": workers, "image_size": image_size,
               "cameras": cameras, "noise": noise, "seed": seed, "progress": progress, "settle": settle,
               "render_quality": render_quality}  # fmt: skip
+        if action_representation != "delta":  # (a delta run's settings stamp stays as it was)
+            kw["action_representation"] = action_representation
         return _generate_by_parts(Path(out), names, kw, video_quality, overwrite)
     writer = LeRobotWriter(
         out,
         fps=fps,
-        features=_episode_features(suite, cameras, image_size, state_dim, action_dim),
+        features=_episode_features(suite, cameras, image_size, state_dim, action_dim, action_representation),
         robot_type="metaworld" if suite == "metaworld" else f"vlastack_{suite}",
         overwrite=overwrite,
         video_pix_fmt=pix_fmt,
@@ -308,6 +326,7 @@ def generate(
         "video_quality": video_quality,
         "render_quality": render_quality,
         "settle": settle,
+        "action_representation": action_representation,
         "wall_s": time.perf_counter() - t0,
     }
     (Path(root) / "meta" / "vlastack_sim.json").write_text(

@@ -223,10 +223,18 @@ class SimCore:
         return np.array([e[0], e[1], e[2], self.opening(), float(self.held is not None)], np.float32)
 
     # ------------------------------------------------------------------ control
-    def step(self, action: np.ndarray) -> None:
+    def step(self, action: np.ndarray, absolute: bool = False) -> None:
+        """``absolute``: ``action[:3]`` is the gripper's target position (metres), approached by at
+        most ``MAX_DELTA`` per axis this step, as a position-controlled arm with a speed limit does;
+        else it is a delta in [-1, 1] x ``MAX_DELTA`` (the default)."""
         a = np.asarray(action, dtype=np.float64)
         start = self.data.mocap_pos[0].copy()
-        target = np.clip(start + np.clip(a[:3], -1.0, 1.0) * MAX_DELTA, EE_LOW, EE_HIGH)
+        move = (
+            np.clip(a[:3] - start, -MAX_DELTA, MAX_DELTA)
+            if absolute
+            else np.clip(a[:3], -1.0, 1.0) * MAX_DELTA
+        )
+        target = np.clip(start + move, EE_LOW, EE_HIGH)
         close = bool(a[3] > 0)
         if close and not self.closed:
             self._try_grasp()

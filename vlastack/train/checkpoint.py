@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -209,7 +210,10 @@ def check_compatible(ckpt: Path, cfg: Config) -> Config:
         old = load_yaml(ckpt / "config.yaml")
     except ValueError as e:
         raise ValueError(f"cannot resume from {ckpt}: its config.yaml is invalid ({e})") from None
-    reasons = _diff(to_dict(old.model), to_dict(cfg.model), "model")
+    new_model = cfg.model
+    if old.model.action_representation == "auto":  # saved before the data's record was read: no change
+        new_model = replace(cfg.model, action_representation="auto")
+    reasons = _diff(to_dict(old.model), to_dict(new_model), "model")
     ot, nt = to_dict(old.train), to_dict(cfg.train)
     for k in STATE_KEYS:
         reasons += _diff(ot[k], nt[k], f"train.{k}")

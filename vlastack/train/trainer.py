@@ -29,6 +29,7 @@ from torch.utils.data import default_collate
 from vlastack.batch import Batch, to_device, validate_batch
 from vlastack.config import Config, ModelConfig, save_yaml
 from vlastack.data.check import check_training_data
+from vlastack.data.format import action_representation
 from vlastack.data.loader import MemoryDataset, ResumableBatchSampler, training_batches
 from vlastack.data.stats import NORM_STATS, ExactNormalizer, Normalizer, load_normalizer, stat_dim
 from vlastack.fileio import load_safetensors
@@ -74,10 +75,10 @@ def check_dataset_fits(dataset, cfg: Config) -> list[str]:
 
 
 # Model fields that shape no weight: a fine-tune may rename cameras (a new robot), change how
-# images are resized, the prompt length, the chunk length or the sampler.
+# images are resized, the prompt length, the chunk length, the sampler or what actions mean.
 FREE_WHEN_FINE_TUNING = (
     "camera_names", "image_resize", "max_text_len", "action_horizon", "num_denoise_steps", "noise_scale",
-    "tokenizer",
+    "tokenizer", "action_representation",
 )  # fmt: skip
 
 
@@ -165,6 +166,23 @@ def _is_compile_error(e: BaseException) -> bool:
     )
 
 
+def with_data_representation(cfg: Config, data_root: str | Path | None) -> Config:
+    """``cfg`` with ``model.action_representation`` resolved from the data's record
+    (``data.format.action_representation``): ``auto`` takes it (and stays ``auto``, unspecified, for
+    data that does not say); a setting that contradicts the record is refused, since the policy
+    would act in the wrong one."""
+    recorded = action_representation(data_root)
+    want = cfg.model.action_representation
+    if want == "auto":
+        return replace(cfg, model=replace(cfg.model, action_representation=recorded)) if recorded else cfg
+    if recorded is not None and recorded != want:
+        raise ValueError(
+            f"model.action_representation={want}, but {data_root} records {recorded} actions: drop the "
+            f"setting (auto takes the data's) or train on {want} data"
+        )
+    return cfg
+
+
 class Trainer:
     def __init__(
         self,
@@ -240,6 +258,7 @@ class Trainer:
         if t.preload and not isinstance(dataset, MemoryDataset):
             dataset = MemoryDataset(dataset, num_workers=cfg.data.num_workers)
         self.dataset = dataset
+        cfg = self.cfg = with_data_representation(cfg, self.data_root)
 
         # ---- model (same init on every rank)
         torch.manual_seed(t.seed)

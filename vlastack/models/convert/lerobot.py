@@ -314,8 +314,9 @@ def config_from_checkpoint(
         cfg = _pi0_fast_config(ckpt, vision, vlm, expert)
         return _apply(cfg, overrides), kind, meta
     side = folder / VLASTACK_SIDECAR
-    if side.exists():  # exported by vlastack: the head counts and tokenizer it was trained with
-        vision, vlm, expert, tokenizer = _from_sidecar(side, vision, vlm, expert)
+    representation = "auto"  # unspecified: LeRobot's config does not say what its actions mean
+    if side.exists():  # exported by vlastack: the head counts, tokenizer and actions it was trained with
+        vision, vlm, expert, tokenizer, representation = _from_sidecar(side, vision, vlm, expert)
     else:
         tokenizer = str(folder)
         _say_assumptions(folder, vision, vlm, expert, meta, overrides)
@@ -337,15 +338,17 @@ def config_from_checkpoint(
         time_min_period=meta.get("min_period", 4e-3),
         time_max_period=meta.get("max_period", 4.0),
         tokenizer=tokenizer,
+        action_representation=representation,
     )
     return _apply(with_kind(cfg, kind), overrides), kind, meta
 
 
 def _from_sidecar(
     path: Path, vision: VisionConfig, vlm: DecoderConfig, expert: DecoderConfig
-) -> tuple[VisionConfig, DecoderConfig, DecoderConfig, str]:
+) -> tuple[VisionConfig, DecoderConfig, DecoderConfig, str, str]:
     """The shapes read from the tensors, with the head counts (and a file-free tokenizer) of the
-    vlastack config ``vla export-lerobot`` saved beside them; ValueError if the two disagree."""
+    vlastack config ``vla export-lerobot`` saved beside them, and its action representation;
+    ValueError if the two disagree."""
     saved = model_config_from_dict(read_json(path)["model"])
     for name, ours, theirs in (
         ("vision", vision, saved.vision),
@@ -362,7 +365,8 @@ def _from_sidecar(
     heads = dict(heads=saved.vlm.heads, kv_heads=saved.vlm.kv_heads, head_dim=saved.vlm.head_dim)
     vlm, expert = replace(vlm, **heads), replace(expert, **heads)
     vision = replace(vision, heads=saved.vision.heads)
-    return vision, vlm, expert, saved.tokenizer if saved.tokenizer == "byte" else str(path.parent)
+    tokenizer = saved.tokenizer if saved.tokenizer == "byte" else str(path.parent)
+    return vision, vlm, expert, tokenizer, saved.action_representation
 
 
 def _say_assumptions(

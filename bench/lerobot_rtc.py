@@ -1,0 +1,165 @@
+"""LeRobot 0.6.1's real-time chunking beside ours, on the same trained policy, tasks and timeline.
+
+Run in LeRobot's own virtualenv with this repository importable (nothing is downloaded):
+
+    PYTHONPATH=. /path/to/lerobot-venv/bin/python bench/lerobot_rtc.py \
+        --representation absolute --protocol published [--episodes 25]
+
+The policies are ``bench/rtc.py``'s (train them first). They carry the grounding head, which
+LeRobot's ``PI0Policy`` does not have, so ``vla export-lerobot`` refuses them; instead LeRobot's own
+RTC code runs around our model's denoising step: ``lerobot.policies.common.flow_matching.euler_integrate``
+with ``lerobot.policies.rtc.modeling_rtc.RTCProcessor`` (its guidance, soft mask and weight clip),
+fed the previous chunk's leftover in the model's normalized space exactly as LeRobot's
+``ActionQueue.get_left_over`` hands it over (unpadded, ``[n, A_env]``; LeRobot pads it). Requests
+without a prefix (the first chunk) are plain sampling, as in LeRobot. The timeline (delay,
+execution horizon, when requests go out) is our evaluator's, so only the sampler differs from
+``rtc_inference``'s row. Two settings: LeRobot's defaults (``RTCConfig()``: LINEAR schedule,
+max_guidance_weight 10) and the published ones (EXP schedule, beta 5, as ours).
+
+Writes ``representations.<rep>.<protocol>.lerobot_rtc`` (rows and goals) into
+``bench/results/rtc.json`` and the goals into ``goals_by_representation.<rep>.lerobot_rtc*``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import importlib.metadata
+import json
+import time
+
+import numpy as np
+import torch
+
+from bench import rtc as ours
+
+SETTINGS = {
+    "lerobot_rtc": {"schedule": "LINEAR", "max_guidance_weight": 10.0},  # RTCConfig() defaults
+    "lerobot_rtc exp beta=5": {"schedule": "EXP", "max_guidance_weight": 5.0},  # the published ones
+}
+
+
+class LeRobotRTCPolicy:
+    """A vlastack ``Policy`` whose real-time-chunking requests are answered by LeRobot's RTC code."""
+
+    def __init__(self, path: str, schedule: str, max_guidance_weight: float) -> None:
+        from lerobot.configs import RTCAttentionSchedule
+        from lerobot.policies.rtc.configuration_rtc import RTCConfig
+        from lerobot.policies.rtc.modeling_rtc import RTCProcessor
+
+        from vlastack.infer.policy import Policy
+
+        self.policy = Policy.from_pretrained(path)
+        cfg = RTCConfig(
+            prefix_attention_schedule=RTCAttentionSchedule[schedule], max_guidance_weight=max_guidance_weight
+        )
+        self.rtc = RTCProcessor(cfg)
+        self.calls = {"plain": 0, "lerobot_rtc": 0}
+
+    def reset(self) -> None:
+        self.policy.reset()
+
+    def infer(self, obs: dict) -> dict:
+        if obs.get("action_prefix") is None:
+            self.calls["plain"] += 1
+            return self.policy.infer(obs)
+        self.calls["lerobot_rtc"] += 1
+        plain = {k: v for k, v in obs.items() if k not in ("action_prefix", "inference_delay", "rtc_method")}
+        return {
+            "actions": self._sample(
+                plain, np.asarray(obs["action_prefix"], np.float32), obs.get("inference_delay")
+            )
+        }
+
+    def _sample(self, obs: dict, prefix: np.ndarray, delay: int | None) -> np.ndarray:
+        from lerobot.policies.common.flow_matching import euler_integrate
+
+        from vlastack.infer.obs import check_obs
+        from vlastack.infer.policy import ACTION_KEY
+        from vlastack.models.heads.rtc import _detach_cache
+
+        p, c = self.policy, self.policy.cfg
+        head, a_env = p.model.head, p.action_dim
+        checked = check_obs(obs, p.spec)
+        batch = p._batch([checked])
+        with torch.no_grad():
+            cache, positions, mask, state = head.prefill(p.model, batch)
+        left = torch.from_numpy(p.normalizer.normalize(ACTION_KEY, prefix)).float()  # [n, A_env], normalized
+        noise = torch.randn(1, c.action_horizon, c.action_dim, generator=p._gen) * c.noise_scale
+
+        def denoise(x_t: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+            _detach_cache(cache)  # each step writes its suffix k/v: keep no graph across steps
+            return head.denoise_step(p.model, cache, state, x_t, t, positions, mask)
+
+        for q in p.model.parameters():
+            q.requires_grad_(False)
+        out = euler_integrate(
+            denoise, noise, c.num_denoise_steps, rtc_processor=self.rtc, rtc_enabled=True,
+            inference_delay=int(delay or 0), prev_chunk_left_over=left[None], execution_horizon=len(left),
+        )  # fmt: skip
+        actions = out.detach()[0, :, :a_env].numpy()
+        return np.ascontiguousarray(p.normalizer.unnormalize(ACTION_KEY, actions), dtype=np.float32)
+
+
+def make_policy(path: str, schedule: str, max_guidance_weight: float) -> LeRobotRTCPolicy:
+    """A picklable factory for the evaluator's worker processes."""
+    return LeRobotRTCPolicy(path, schedule, max_guidance_weight)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--representation", choices=["delta", "absolute"], default="absolute")
+    ap.add_argument("--protocol", choices=sorted(ours.PROTOCOLS), default="published")
+    ap.add_argument("--episodes", type=int, default=ours.EVAL_EPISODES, help="per task, delay and s")
+    ap.add_argument("--workers", type=int, default=2)
+    args = ap.parse_args()
+    from bench.common import RESULTS, write_results
+    from vlastack.config import EvalConfig, ExecutionConfig
+    from vlastack.sim.evaluate import evaluate
+
+    rep, proto, t0 = args.representation, ours.PROTOCOLS[args.protocol], time.perf_counter()
+    path = str(ours.policy_dir(rep, proto, "plain"))
+    rows = []
+    for label, kw in SETTINGS.items():
+        factory = functools.partial(make_policy, path, kw["schedule"], kw["max_guidance_weight"])
+        for d in proto.delays:
+            for s in proto.horizons(d):
+                ex = ExecutionConfig(method="rtc_inference", delay=d)
+                cfg = EvalConfig(suite="builtin", tasks=ours.TASKS, episodes=args.episodes * len(ours.TASKS),
+                                 num_workers=args.workers, steps_per_chunk=s, videos=0, execution=ex,
+                                 action_representation=rep)  # fmt: skip
+                res = evaluate(factory, cfg, cameras=ours.CAMERAS)
+                dyn = [e for e in res["episodes"] if e["task"] in ours.DYNAMIC]
+                jumps = [e for e in dyn if e.get("boundaries")]
+                rows.append({
+                    "label": label, "policy": "plain", "method": "lerobot_rtc", "delay": d, "s": s,
+                    "horizon": proto.horizon, "representation": rep, "execution": kw,
+                    "success": {t: v["success_rate"] for t, v in res["tasks"].items()},
+                    "dynamic_success": sum(e["success"] for e in dyn) / len(dyn), "dynamic_episodes": len(dyn),
+                    "static_success": res["tasks"]["reach"]["success_rate"],
+                    "dynamic_mean_jump": sum(e["mean_jump"] for e in jumps) / max(1, len(jumps)),
+                    "dynamic_max_jump": max((e["max_jump"] for e in jumps), default=0.0),
+                    "starved_steps": res["overall"].get("starved_steps", 0), "wall_s": res["wall_s"],
+                })  # fmt: skip
+                r = rows[-1]
+                print(f"[{time.perf_counter() - t0:7.1f}s] {label} d={d} s={s}: dynamic "
+                      f"{r['dynamic_success']:.0%}, mean jump {r['dynamic_mean_jump']:.3f}", flush=True)  # fmt: skip
+    res_path = RESULTS / "rtc.json"
+    old = json.loads(res_path.read_text()) if res_path.exists() else {}
+    old.pop("environment", None)
+    block = old.setdefault("representations", {}).setdefault(rep, {}).setdefault(proto.name, {})
+    # The naive rows of our own run of the same protocol give the jump baseline.
+    naive = [r for r in block.get("rows", []) if r["label"] == "naive_async"]
+    goals = ours.goals([*rows, *naive], proto, labels=tuple(SETTINGS))
+    block["lerobot_rtc"] = {
+        "lerobot": importlib.metadata.version("lerobot"), "settings": SETTINGS, "rows": rows, "goals": goals,
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "cpu_flags": ours.cpu_flags(),
+        "torch": torch.__version__,
+    }  # fmt: skip
+    old.setdefault("goals_by_representation", {}).setdefault(rep, {}).update(goals)
+    write_results("rtc", old)
+    print(json.dumps(goals, indent=1))
+
+
+if __name__ == "__main__":
+    main()
