@@ -167,4 +167,7 @@ def test_a_run_saved_before_the_record_resumes(absolute_data, tmp_path):
     for f in run.rglob("config.yaml"):  # as written before the field existed
         f.write_text(f.read_text().replace("  action_representation: absolute\n", ""))
     assert "action_representation: absolute" not in (run / "config.yaml").read_text()
-    assert main(["train", "--data", str(absolute_data), "--out", str(run), *ov, "train.steps=2", "--resume"]) == 0
+    assert (
+        main(["train", "--data", str(absolute_data), "--out", str(run), *ov, "train.steps=2", "--resume"])
+        == 0
+    )
