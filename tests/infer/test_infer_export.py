@@ -32,6 +32,7 @@ def _check_sidecar(out: Path, fmt: str) -> dict:
     ]
     assert sc["outputs"][0]["shape"] == [1, 16, 7] and sc["camera_names"] == ["scene", "wrist"]
     assert sc["normalization"]["modes"]["action"] == "quantiles" and sc["tokenizer"]["max_len"] == 24
+    assert sc["action_representation"] == "unspecified"  # a fixture never trained on recorded data
     assert sc["check"]["passed"] and sc["check"]["max_abs_diff"] <= 1e-4
     return sc
 

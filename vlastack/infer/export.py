@@ -206,6 +206,8 @@ def export_policy(
         "action_horizon": c.action_horizon,
         "state_dim": policy.state_dim,
         "action_dim": policy.action_dim,
+        # What the actions mean (delta | absolute | unspecified): a runtime must execute them as such.
+        "action_representation": policy.action_representation,
         "check": {"max_abs_diff": diff, "tolerance": tol, "passed": diff <= tol, "export_seconds": export_s},
         "torch_version": torch.__version__,
     }
