@@ -306,20 +306,31 @@ def _policy_cameras(spec: Any, suite: str) -> tuple[str, ...]:
 
         names = server_metadata(spec).get("camera_names")
         return tuple(names) if names else default_cameras(suite)
-    folder = _checkpoint_dir(spec)
-    if folder is not None and (folder / "config.json").is_file():
-        from vlastack.models.convert.lerobot import camera_names, locate
+    ckpt = _located(spec)
+    if ckpt is not None:
+        from vlastack.models.convert.lerobot import camera_names
 
-        try:
-            ckpt = locate(folder)  # the one format detection: vlastack, LeRobot or openpi
-        except ValueError:
-            return default_cameras(suite)  # not a policy folder this evaluator loads; it says so later
         if ckpt.fmt != "vlastack":
             return camera_names(ckpt.meta)  # a LeRobot / openpi checkpoint: its input features
         names = ckpt.meta["model"].get("camera_names")
         if names:
             return tuple(names)
     return default_cameras(suite)
+
+
+def _located(spec: Any):
+    """The checkpoint folder behind ``spec``, located (``convert.lerobot.locate``: the one format
+    detection), or None: a baseline, a server, or a folder this evaluator does not load (it says
+    so when it builds the policy)."""
+    folder = _checkpoint_dir(spec)
+    if folder is None or not (folder / "config.json").is_file():
+        return None
+    from vlastack.models.convert.lerobot import locate
+
+    try:
+        return locate(folder)
+    except ValueError:
+        return None
 
 
 def policy_representation(spec: Any, wanted: str, suite: str) -> str:
@@ -337,18 +348,9 @@ def policy_representation(spec: Any, wanted: str, suite: str) -> str:
         own = server_metadata(spec).get("action_representation") or None
     elif hasattr(spec, "action_representation"):  # a Policy object (num_workers=0)
         own = spec.action_representation
-    else:
-        folder = _checkpoint_dir(spec)
-        if folder is not None and (folder / "config.json").is_file():
-            from vlastack.models.convert.lerobot import locate
-
-            try:
-                ckpt = locate(folder)
-            except ValueError:
-                ckpt = None
-            if ckpt is not None and ckpt.fmt == "vlastack":
-                own = ckpt.meta["model"].get("action_representation") or None
-    if own in (None, "unspecified"):
+    elif (ckpt := _located(spec)) is not None and ckpt.fmt == "vlastack":
+        own = ckpt.meta["model"].get("action_representation")
+    if own in ("", "auto", "unspecified"):
         own = None
     if own is not None and wanted not in ("auto", own):
         raise ValueError(
