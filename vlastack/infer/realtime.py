@@ -46,7 +46,7 @@ from typing import Any
 
 import numpy as np
 
-from vlastack.config import EXECUTION_METHODS, ExecutionConfig
+from vlastack.config import ACTION_REPRESENTATIONS, EXECUTION_METHODS, ExecutionConfig
 
 log = logging.getLogger(__name__)
 ASYNC = ("naive_async", "temporal_ensemble", "rtc_inference", "rtc_training")
@@ -72,7 +72,7 @@ def hold_action(
                 f"current position), got {None if s is None else s.shape}"
             )
         a[:-1] = s[: action_dim - 1]
-    elif representation != "delta":
+    elif representation not in ACTION_REPRESENTATIONS:
         raise ValueError(f"representation must be 'delta' or 'absolute', got {representation!r}")
     if last is not None:
         a[-1] = last[-1]
@@ -282,7 +282,8 @@ class RealtimeRunner:
         if cfg.delay < 0 and hz is None:
             raise ValueError("a live delay (execution.delay=-1) needs the control rate hz")
         self.policy, self.cfg, self.hz, self.action_dim = policy, cfg, hz, action_dim
-        hold_action(None, action_dim, representation, np.zeros(action_dim))  # checks the name
+        if representation not in ACTION_REPRESENTATIONS:
+            raise ValueError(f"representation must be 'delta' or 'absolute', got {representation!r}")
         self.representation = representation
         self.executor = ChunkExecutor(cfg.method, steps_per_chunk, ensemble, cfg.overlap)
         self.estimator = DelayEstimator(hz or 1.0, cfg.delay_warmup, cfg.delay_quantile)

@@ -29,7 +29,7 @@ from gymnasium import spaces
 
 from vlastack.config import ACTION_REPRESENTATIONS
 from vlastack.sim.dynamic import DYNAMIC_TASKS
-from vlastack.sim.scene import ACTION_DIM, CONTROL_HZ, EE_HIGH, EE_HOME, EE_LOW, MAX_DELTA, STATE_DIM, SimCore
+from vlastack.sim.scene import ACTION_DIM, CONTROL_HZ, EE_HIGH, EE_HOME, EE_LOW, STATE_DIM, SimCore
 from vlastack.sim.tasks import TASKS
 
 # The ``builtin`` suite's default task list stays the four static families (the demo's data and
@@ -149,8 +149,7 @@ class BuiltinEnv(gym.Env):
         """A delta action [4] -> the absolute action [4] that moves the gripper the same way from
         where it is now (the target ``SimCore.step`` would compute)."""
         d = np.asarray(delta, np.float64)
-        target = np.clip(self.core.ee_pos + np.clip(d[:3], -1.0, 1.0) * MAX_DELTA, EE_LOW, EE_HIGH)
-        return np.append(target, d[3]).astype(np.float32)
+        return np.append(self.core.target(d), d[3]).astype(np.float32)
 
     def privileged_state(self) -> np.ndarray:
         """The task's two key points (object, goal) as float32 [6] (privileged, for oracle checks)."""

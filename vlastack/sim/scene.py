@@ -223,18 +223,25 @@ class SimCore:
         return np.array([e[0], e[1], e[2], self.opening(), float(self.held is not None)], np.float32)
 
     # ------------------------------------------------------------------ control
-    def step(self, action: np.ndarray, absolute: bool = False) -> None:
-        """``absolute``: ``action[:3]`` is the gripper's target position (metres), approached by at
-        most ``MAX_DELTA`` per axis this step, as a position-controlled arm with a speed limit does;
-        else it is a delta in [-1, 1] x ``MAX_DELTA`` (the default)."""
+    def target(self, action: np.ndarray, absolute: bool = False) -> np.ndarray:
+        """Where ``step(action, absolute)`` moves the gripper, float64 [3]. ``absolute``:
+        ``action[:3]`` is the gripper's target position (metres), approached by at most ``MAX_DELTA``
+        per axis this step, as a position-controlled arm with a speed limit does; else it is a delta
+        in [-1, 1] x ``MAX_DELTA`` (the default). Clipped to the gripper's box."""
         a = np.asarray(action, dtype=np.float64)
-        start = self.data.mocap_pos[0].copy()
+        start = self.data.mocap_pos[0]
         move = (
             np.clip(a[:3] - start, -MAX_DELTA, MAX_DELTA)
             if absolute
             else np.clip(a[:3], -1.0, 1.0) * MAX_DELTA
         )
-        target = np.clip(start + move, EE_LOW, EE_HIGH)
+        return np.clip(start + move, EE_LOW, EE_HIGH)
+
+    def step(self, action: np.ndarray, absolute: bool = False) -> None:
+        """One control step toward ``target(action, absolute)``; ``action[3] > 0`` closes."""
+        a = np.asarray(action, dtype=np.float64)
+        start = self.data.mocap_pos[0].copy()
+        target = self.target(a, absolute)
         close = bool(a[3] > 0)
         if close and not self.closed:
             self._try_grasp()
