@@ -101,6 +101,69 @@ class LeRobotRTCPolicy:
         return np.ascontiguousarray(p.normalizer.unnormalize(ACTION_KEY, actions), dtype=np.float32)
 
 
+def known_issues(path: str, rep: str, d: int = 2) -> dict:
+    """Reported LeRobot RTC problems, checked on LeRobot's code and on ours with the same policy,
+    observation and leftover chunk."""
+    from vlastack.sim.env import make_env
+
+    lr = LeRobotRTCPolicy(path, "EXP", 5.0)  # before the renderer: triton's import crashes after it
+    env = make_env("reach_moving", cameras=ours.CAMERAS, seed=1_000_000, action_representation=rep)
+    obs, _ = env.reset(seed=1_000_000)
+    env.close()
+    req = {**obs, "action_prefix": lr.policy.infer(obs)["actions"][d:], "inference_delay": d}
+
+    def under_inference_mode(infer) -> dict:
+        try:
+            with torch.inference_mode():
+                a = infer(req)["actions"]
+            return {"ok": True, "finite": bool(np.isfinite(a).all())}
+        except RuntimeError as e:
+            return {"ok": False, "error": f"RuntimeError: {str(e).splitlines()[0][:200]}"}
+
+    # The guidance term is a vector-Jacobian product through the denoiser; with v computed before x
+    # requires a gradient it degenerates to the weighted error itself. Spy on autograd.grad.
+    seen: list[float] = []
+    real = torch.autograd.grad
+
+    def spy(outputs, inputs, grad_outputs=None, **kw):
+        g = real(outputs, inputs, grad_outputs, **kw)
+        seen.append(float((g[0] - grad_outputs).abs().max() / grad_outputs.abs().max().clamp_min(1e-12)))
+        return g
+
+    torch.autograd.grad = spy
+    try:
+        lr.infer(req)
+        lerobot_vjp, seen[:] = max(seen), []
+        lr.policy.infer(req)
+        ours_vjp = max(seen)
+    finally:
+        torch.autograd.grad = real
+    n, h, a_env, a_model = (
+        len(req["action_prefix"]),
+        lr.policy.cfg.action_horizon,
+        lr.policy.action_dim,
+        lr.policy.cfg.action_dim,
+    )
+    w = lr.rtc.get_prefix_weights(d, n, h)
+    return {
+        "delay": d,
+        "guidance_under_callers_inference_mode": {
+            "lerobot": under_inference_mode(lr.infer), "vlastack": under_inference_mode(lr.policy.infer),
+        },
+        "vjp_minus_weighted_error_rel": {
+            "lerobot": lerobot_vjp, "vlastack": ours_vjp,
+            "note": "max over denoising steps of max|VJP - weighted error| / max|weighted error|; 0 = identity Jacobian",
+        },
+        "padded_action_dims": {
+            "model_dims": a_model, "env_dims": a_env,
+            "lerobot_weight_on_padded_dims": float(w.max()) if a_model > a_env else 0.0,
+            "vlastack_weight_on_padded_dims": 0.0,
+            "note": "LeRobot zero-pads the leftover to the model's dims and weights every dim of a step alike, "
+                    "so padded dims are pulled toward 0; ours weights them 0 (tests/infer/test_rtc.py)",
+        },
+    }  # fmt: skip
+
+
 def make_policy(path: str, schedule: str, max_guidance_weight: float) -> LeRobotRTCPolicy:
     """A picklable factory for the evaluator's worker processes."""
     return LeRobotRTCPolicy(path, schedule, max_guidance_weight)
@@ -115,10 +178,12 @@ def main() -> None:
     args = ap.parse_args()
     from bench.common import RESULTS, write_results
     from vlastack.config import EvalConfig, ExecutionConfig
-    from vlastack.sim.evaluate import evaluate
+    from vlastack.sim.evaluate import evaluate, wilson
 
     rep, proto, t0 = args.representation, ours.PROTOCOLS[args.protocol], time.perf_counter()
     path = str(ours.policy_dir(rep, proto, "plain"))
+    issues = known_issues(path, rep)
+    print(json.dumps(issues, indent=1), flush=True)
     rows = []
     for label, kw in SETTINGS.items():
         factory = functools.partial(make_policy, path, kw["schedule"], kw["max_guidance_weight"])
@@ -136,6 +201,7 @@ def main() -> None:
                     "horizon": proto.horizon, "representation": rep, "execution": kw,
                     "success": {t: v["success_rate"] for t, v in res["tasks"].items()},
                     "dynamic_success": sum(e["success"] for e in dyn) / len(dyn), "dynamic_episodes": len(dyn),
+                    "dynamic_ci95": list(wilson(sum(e["success"] for e in dyn), len(dyn))),
                     "static_success": res["tasks"]["reach"]["success_rate"],
                     "dynamic_mean_jump": sum(e["mean_jump"] for e in jumps) / max(1, len(jumps)),
                     "dynamic_max_jump": max((e["max_jump"] for e in jumps), default=0.0),
@@ -153,6 +219,7 @@ def main() -> None:
     goals = ours.goals([*rows, *naive], proto, labels=tuple(SETTINGS))
     block["lerobot_rtc"] = {
         "lerobot": importlib.metadata.version("lerobot"), "settings": SETTINGS, "rows": rows, "goals": goals,
+        "known_issues": issues,
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "cpu_flags": ours.cpu_flags(),
         "torch": torch.__version__,
     }  # fmt: skip

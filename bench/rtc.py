@@ -156,7 +156,7 @@ def train(rep: str, proto: Protocol, t0: float, threads: int = 2) -> dict:
 
 def evaluate_all(rep: str, proto: Protocol, t0: float, episodes: int, workers: int = 2) -> list[dict]:
     from vlastack.config import EvalConfig, ExecutionConfig
-    from vlastack.sim.evaluate import evaluate
+    from vlastack.sim.evaluate import evaluate, wilson
 
     rows = []
     for d in proto.delays:
@@ -179,6 +179,7 @@ def evaluate_all(rep: str, proto: Protocol, t0: float, episodes: int, workers: i
                     "success": {t: v["success_rate"] for t, v in res["tasks"].items()},
                     "ci95": {t: v["ci95"] for t, v in res["tasks"].items()},
                     "dynamic_success": sum(e["success"] for e in dyn) / len(dyn),
+                    "dynamic_ci95": list(wilson(sum(e["success"] for e in dyn), len(dyn))),
                     "dynamic_episodes": len(dyn),
                     "static_success": res["tasks"]["reach"]["success_rate"],
                     "dynamic_mean_jump": sum(e["mean_jump"] for e in jumps) / max(1, len(jumps)),
@@ -305,7 +306,7 @@ def plot(rows: list[dict], proto: Protocol, path: Path, title: str) -> None:
 
 def table(rows: list[dict], proto: Protocol) -> str:
     lines = [
-        "| method | d | s | reach_moving | reach_switch | dynamic | reach (static) | mean jump | max jump | starved |",
+        "| method | d | s | reach_moving | reach_switch | dynamic [95% CI] | reach (static) | mean jump | max jump | starved |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
     order = [x[0] for x in proto.runs]
@@ -313,9 +314,10 @@ def table(rows: list[dict], proto: Protocol) -> str:
         sr = r["success"]
         legacy = r["method"] == "sync" and r["delay"] == 0  # the synchronous path keeps no jump stats
         jumps = "n/a | n/a" if legacy else f"{r['dynamic_mean_jump']:.3f} | {r['dynamic_max_jump']:.3f}"
+        ci = f" [{r['dynamic_ci95'][0]:.0%}, {r['dynamic_ci95'][1]:.0%}]" if "dynamic_ci95" in r else ""
         lines.append(
             f"| {r['label']} | {r['delay']} | {r.get('s', max(4, r['delay']))} | {sr['reach_moving']:.0%} | "
-            f"{sr['reach_switch']:.0%} | {r['dynamic_success']:.0%} | {sr['reach']:.0%} | {jumps} | {r['starved_steps']} |"
+            f"{sr['reach_switch']:.0%} | {r['dynamic_success']:.0%}{ci} | {sr['reach']:.0%} | {jumps} | {r['starved_steps']} |"
         )
     return "\n".join(lines)
 

@@ -88,6 +88,32 @@ def test_guided_sample_ignores_targets_where_the_weight_is_zero(policy):
     assert [p.requires_grad for p in model.parameters()] == trainable  # restored after sampling
 
 
+@pytest.mark.parametrize("where", ["policy", "sampler"])
+def test_guidance_works_under_a_callers_inference_mode(policy, where):
+    """A robot loop often runs the policy under ``torch.inference_mode()``; guidance needs autograd
+    (LeRobot's RTC failed there). The result is the same as outside it."""
+    obs = make_obs(3)
+    y = committed(policy, obs, seed=3)
+    if where == "policy":
+        req = {**obs, "action_prefix": y, "inference_delay": 2}
+        policy._gen.manual_seed(7)
+        outside = policy.infer(req)["actions"]
+        policy._gen.manual_seed(7)
+        with torch.inference_mode():
+            inside = policy.infer(req)["actions"]
+        np.testing.assert_allclose(inside, outside, rtol=1e-5, atol=1e-5)
+        return
+    model, c = policy.model, policy.cfg
+    w = (prefix_weights(H, 2, 8)[:, None] * (torch.arange(c.action_dim) < ACTION_DIM).float())[None]
+    noise = torch.randn(1, H, c.action_dim, generator=torch.Generator().manual_seed(0))
+    target = torch.randn(1, H, c.action_dim, generator=torch.Generator().manual_seed(1))
+    outside = guided_sample(model.head, model, policy._batch([policy.check(obs)]), target, w, noise)
+    with torch.inference_mode():  # every input made inside it: inference tensors
+        batch = policy._batch([policy.check(obs)])
+        inside = guided_sample(model.head, model, batch, target.clone(), w.clone(), noise.clone())
+    torch.testing.assert_close(inside, outside)
+
+
 def test_training_time_rtc_sampling_keeps_the_prefix_exactly(policy):
     obs = make_obs(1)
     y = committed(policy, obs, seed=1)

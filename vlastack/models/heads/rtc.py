@@ -76,19 +76,28 @@ def guided_sample(
     c = head.cfg
     assert target.shape == noise.shape == weights.shape, (target.shape, noise.shape, weights.shape)
     n = num_steps or c.num_denoise_steps
-    with torch.no_grad():
-        cache, positions, mask, state = head.prefill(backbone, batch)
-    target, weights = target.float(), weights.float()
-    x = noise.float() * c.noise_scale
-    # Only x needs a gradient: with the weights frozen, autograd records no weight-gradient paths.
-    trainable = [p for p in backbone.parameters() if p.requires_grad]
-    for p in trainable:
-        p.requires_grad_(False)
-    try:
-        return _guided_loop(head, backbone, cache, positions, mask, state, x, target, weights, beta, n)
-    finally:
+    # Guidance needs x's gradient. Under a caller's inference_mode (a robot loop, LeRobot's
+    # select_action), enable_grad alone does not bring autograd back (the LeRobot bug where guidance
+    # silently fails): leave inference mode, and copy tensors made in it, which autograd may not save.
+    with torch.inference_mode(False):
+        target, weights, noise = (_normal(t.float()) for t in (target, weights, noise))
+        with torch.no_grad():
+            cache, positions, mask, state = head.prefill(backbone, batch)
+        x = noise * c.noise_scale
+        # Only x needs a gradient: with the weights frozen, autograd records no weight-gradient paths.
+        trainable = [p for p in backbone.parameters() if p.requires_grad]
         for p in trainable:
-            p.requires_grad_(True)
+            p.requires_grad_(False)
+        try:
+            return _guided_loop(head, backbone, cache, positions, mask, state, x, target, weights, beta, n)
+        finally:
+            for p in trainable:
+                p.requires_grad_(True)
+
+
+def _normal(t: Tensor) -> Tensor:
+    """``t``, or a normal copy of it if it is an inference tensor."""
+    return t.clone() if t.is_inference() else t
 
 
 def _guided_loop(head, backbone, cache, positions, mask, state, x, target, weights, beta, n) -> Tensor:
