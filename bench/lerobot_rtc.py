@@ -206,6 +206,7 @@ def main() -> None:
                     "dynamic_mean_jump": sum(e["mean_jump"] for e in jumps) / max(1, len(jumps)),
                     "dynamic_max_jump": max((e["max_jump"] for e in jumps), default=0.0),
                     "starved_steps": res["overall"].get("starved_steps", 0), "wall_s": res["wall_s"],
+                    "eval_seeds": [cfg.seed, cfg.seed + cfg.episodes - 1],
                 })  # fmt: skip
                 r = rows[-1]
                 print(f"[{time.perf_counter() - t0:7.1f}s] {label} d={d} s={s}: dynamic "

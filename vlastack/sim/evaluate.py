@@ -186,9 +186,16 @@ def _episode_job(
     if task not in envs:
         envs[task] = make_env(task, **env_kw)
         # Closed before the interpreter tears down: robosuite's EGL contexts complain when freed late.
-        __import__("atexit").register(envs[task].close)
+        __import__("atexit").register(_close_at_exit, envs[task])
     run_kw = {**run_kw, "record": record}
     return run_episode(envs[task], _WORKER["policy"], policy_name(spec), seed, episode=episode, **run_kw)
+
+
+def _close_at_exit(env) -> None:
+    # MuJoCo's own EGL atexit hook may have run first (it registers when the first frame renders,
+    # after this one, and atexit runs in reverse): the display is gone and the context went with it.
+    with __import__("contextlib").suppress(Exception):  # at exit, a failed free prints no traceback
+        env.close()
 
 
 # ----------------------------------------------------------------------------- main side
