@@ -77,8 +77,8 @@ def guided_sample(
     assert target.shape == noise.shape == weights.shape, (target.shape, noise.shape, weights.shape)
     n = num_steps or c.num_denoise_steps
     # Guidance needs x's gradient. Under a caller's inference_mode (a robot loop, LeRobot's
-    # select_action), enable_grad alone does not bring autograd back (the LeRobot bug where guidance
-    # silently fails): leave inference mode, and copy tensors made in it, which autograd may not save.
+    # select_action), enable_grad alone does not bring autograd back (LeRobot's guidance raises
+    # there): leave inference mode, and copy tensors made in it, which autograd may not save.
     with torch.inference_mode(False):
         target, weights, noise = (_normal(t.float()) for t in (target, weights, noise))
         with torch.no_grad():
