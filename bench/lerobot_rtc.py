@@ -178,7 +178,7 @@ def main() -> None:
     args = ap.parse_args()
     from bench.common import RESULTS, write_results
     from vlastack.config import EvalConfig, ExecutionConfig
-    from vlastack.sim.evaluate import evaluate, wilson
+    from vlastack.sim.evaluate import evaluate
 
     rep, proto, t0 = args.representation, ours.PROTOCOLS[args.protocol], time.perf_counter()
     path = str(ours.policy_dir(rep, proto, "plain"))
@@ -194,20 +194,10 @@ def main() -> None:
                                  num_workers=args.workers, steps_per_chunk=s, videos=0, execution=ex,
                                  action_representation=rep)  # fmt: skip
                 res = evaluate(factory, cfg, cameras=ours.CAMERAS)
-                dyn = [e for e in res["episodes"] if e["task"] in ours.DYNAMIC]
-                jumps = [e for e in dyn if e.get("boundaries")]
-                rows.append({
-                    "label": label, "policy": "plain", "method": "lerobot_rtc", "delay": d, "s": s,
-                    "horizon": proto.horizon, "representation": rep, "execution": kw,
-                    "success": {t: v["success_rate"] for t, v in res["tasks"].items()},
-                    "dynamic_success": sum(e["success"] for e in dyn) / len(dyn), "dynamic_episodes": len(dyn),
-                    "dynamic_ci95": list(wilson(sum(e["success"] for e in dyn), len(dyn))),
-                    "static_success": res["tasks"]["reach"]["success_rate"],
-                    "dynamic_mean_jump": sum(e["mean_jump"] for e in jumps) / max(1, len(jumps)),
-                    "dynamic_max_jump": max((e["max_jump"] for e in jumps), default=0.0),
-                    "starved_steps": res["overall"].get("starved_steps", 0), "wall_s": res["wall_s"],
-                    "eval_seeds": [cfg.seed, cfg.seed + cfg.episodes - 1],
-                })  # fmt: skip
+                rows.append(ours.result_row(
+                    res, cfg, label=label, policy="plain", method="lerobot_rtc", delay=d, s=s,
+                    horizon=proto.horizon, representation=rep, execution=kw,
+                ))  # fmt: skip
                 r = rows[-1]
                 print(f"[{time.perf_counter() - t0:7.1f}s] {label} d={d} s={s}: dynamic "
                       f"{r['dynamic_success']:.0%}, mean jump {r['dynamic_mean_jump']:.3f}", flush=True)  # fmt: skip

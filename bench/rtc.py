@@ -156,7 +156,7 @@ def train(rep: str, proto: Protocol, t0: float, threads: int = 2) -> dict:
 
 def evaluate_all(rep: str, proto: Protocol, t0: float, episodes: int, workers: int = 2) -> list[dict]:
     from vlastack.config import EvalConfig, ExecutionConfig
-    from vlastack.sim.evaluate import evaluate, wilson
+    from vlastack.sim.evaluate import evaluate
 
     rows = []
     for d in proto.delays:
@@ -170,26 +170,8 @@ def evaluate_all(rep: str, proto: Protocol, t0: float, episodes: int, workers: i
                 )  # fmt: skip
                 res = evaluate(str(policy_dir(rep, proto, pol)), cfg, cameras=CAMERAS)
                 assert res["config"]["action_representation"] == rep, res["config"]
-                eps = res["episodes"]
-                dyn = [e for e in eps if e["task"] in DYNAMIC]
-                jumps = [e for e in dyn if e.get("boundaries")]
-                row = {
-                    "label": label, "policy": pol, "method": method, "delay": d, "s": s,
-                    "horizon": proto.horizon, "representation": rep, "execution": extra,
-                    "success": {t: v["success_rate"] for t, v in res["tasks"].items()},
-                    "ci95": {t: v["ci95"] for t, v in res["tasks"].items()},
-                    "dynamic_success": sum(e["success"] for e in dyn) / len(dyn),
-                    "dynamic_ci95": list(wilson(sum(e["success"] for e in dyn), len(dyn))),
-                    "dynamic_episodes": len(dyn),
-                    "static_success": res["tasks"]["reach"]["success_rate"],
-                    "dynamic_mean_jump": sum(e["mean_jump"] for e in jumps) / max(1, len(jumps)),
-                    "dynamic_mean_max_jump": sum(e["max_jump"] for e in jumps) / max(1, len(jumps)),
-                    "dynamic_max_jump": max((e["max_jump"] for e in jumps), default=0.0),
-                    "starved_steps": res["overall"].get("starved_steps", 0),
-                    "fallbacks": res["overall"].get("fallbacks", 0),
-                    "eval_seeds": [cfg.seed, cfg.seed + cfg.episodes - 1],
-                    "wall_s": res["wall_s"],
-                }  # fmt: skip
+                row = result_row(res, cfg, label=label, policy=pol, method=method, delay=d, s=s,
+                                 horizon=proto.horizon, representation=rep, execution=extra)  # fmt: skip
                 rows.append(row)
                 _log(
                     f"{rep} {proto.name} d={d} s={s} {label:>34}: dynamic {row['dynamic_success']:.0%}, "
@@ -197,6 +179,32 @@ def evaluate_all(rep: str, proto: Protocol, t0: float, episodes: int, workers: i
                     t0,
                 )
     return rows
+
+
+def result_row(res: dict, cfg, **labels) -> dict:
+    """One cell of the grid from ``evaluate``'s result: per-task success, the dynamic tasks'
+    success with its 95% interval, boundary jumps, starved/fallback steps and the eval seeds."""
+    from vlastack.sim.evaluate import wilson
+
+    dyn = [e for e in res["episodes"] if e["task"] in DYNAMIC]
+    jumps = [e for e in dyn if e.get("boundaries")]
+    won = sum(e["success"] for e in dyn)
+    return {
+        **labels,
+        "success": {t: v["success_rate"] for t, v in res["tasks"].items()},
+        "ci95": {t: v["ci95"] for t, v in res["tasks"].items()},
+        "dynamic_success": won / len(dyn),
+        "dynamic_ci95": list(wilson(won, len(dyn))),
+        "dynamic_episodes": len(dyn),
+        "static_success": res["tasks"]["reach"]["success_rate"],
+        "dynamic_mean_jump": sum(e["mean_jump"] for e in jumps) / max(1, len(jumps)),
+        "dynamic_mean_max_jump": sum(e["max_jump"] for e in jumps) / max(1, len(jumps)),
+        "dynamic_max_jump": max((e["max_jump"] for e in jumps), default=0.0),
+        "starved_steps": res["overall"].get("starved_steps", 0),
+        "fallbacks": res["overall"].get("fallbacks", 0),
+        "eval_seeds": [cfg.seed, cfg.seed + cfg.episodes - 1],
+        "wall_s": res["wall_s"],
+    }
 
 
 def inference_cost(rep: str, proto: Protocol, repeats: int = 15) -> dict:
