@@ -266,7 +266,13 @@ def cpu_flags() -> list[str]:
 
 
 def native_bf16() -> bool:
-    """Whether this CPU has bf16 arithmetic (avx512_bf16 or AMX), i.e. oneDNN runs bf16 natively."""
+    """Whether this CPU has bf16 arithmetic (avx512_bf16 or AMX), i.e. oneDNN runs bf16 natively.
+
+    ``ONEDNN_MAX_CPU_ISA`` capped below bf16 (``AVX2``, ``AVX512_CORE``: how an AVX2-only machine is
+    simulated) turns it off, whatever the flags say."""
+    cap = os.environ.get("ONEDNN_MAX_CPU_ISA", "ALL").upper()
+    if not any(k in cap for k in ("ALL", "BF16", "FP16", "AMX", "AVX10")):
+        return False
     return bool({"avx512_bf16", "amx_bf16"} & set(cpu_flags()))
 
 

@@ -177,7 +177,9 @@ def low_precision_speed_on_this_cpu(ctx: Ctx) -> Finding:
         },
     ]
     # The expected direction follows the CPU: native bf16 (avx512_bf16 / AMX) -> faster; else far slower.
-    ok = r_st < 1.0 if native else r_st > 3.0
+    # Asserted on the matmul, where the instructions decide (0.16-0.37x native, 40-60x emulated): the
+    # small MLP step is reported only, its casts and fp32 losses put it at 0.64-1.13x on native CPUs.
+    ok = r_mm < 0.7 if native else r_mm > 3.0
     verdict = "T on this CPU (native bf16)" if native else "F on this CPU (no native bf16: emulated, slower)"
     return Finding(
         f"flags {','.join(cpu_flags())}: bf16/fp32 time: matmul {r_mm:.2f}x, train step {r_st:.2f}x; "
@@ -185,7 +187,8 @@ def low_precision_speed_on_this_cpu(ctx: Ctx) -> Finding:
         ok,
         "Throughput depends on the hardware: with avx512_bf16/AMX (or a GPU) bf16 is faster; on an "
         "AVX2-only CPU it is emulated and many times slower; fp16 on a CPU without avx512_fp16/AMX-FP16 "
-        "is slow either way. Asserted in the direction this CPU's flags predict.",
+        "is slow either way. Asserted on the matmul, in the direction this CPU's flags (and a capped "
+        "ONEDNN_MAX_CPU_ISA) predict; the small train step is reported, not asserted.",
         verdict=verdict,
         data={"bf16_matmul_x": r_mm, "bf16_step_x": r_st, "native_bf16": native},
         rows=rows,
