@@ -5,8 +5,10 @@
     # train a recipe, counting the CPU time of the run and all its processes (resumable: run the
     # same command again after an interruption; each segment's CPU time is added to the run's ledger)
     .venv/bin/python bench/metaworld.py train --suite mt10 --run runs/mt10 --data data/mt10 [-- key=value ...]
-    # evaluate the run's final policy and record its row (policy name: vlastack)
-    .venv/bin/python bench/metaworld.py eval --suite mt10 --run runs/mt10 [--episodes-per-task 50]
+    # evaluate the run's final policy and record its row (policy name: vlastack, or --as NAME)
+    .venv/bin/python bench/metaworld.py eval --suite mt10 --run runs/mt10 [--episodes-per-task 50] [--as NAME]
+    # the grounding head's object / goal error in cm, training vs held-out layouts
+    .venv/bin/python bench/metaworld.py grounding --suite mt10 --run runs/mt10 [--as NAME]
     # record a row evaluated elsewhere (e.g. a LeRobot policy scored on the same seeds)
     .venv/bin/python bench/metaworld.py record --suite mt10 --policy lerobot_act --eval-json X --cpu-hours H
 
@@ -76,6 +78,7 @@ def entry_from_eval(ev: dict, suite: str, cpu_hours: float | None, train_seeds, 
         "cpu_hours": cpu_hours,
         "episodes_per_task": n.pop() if len(n) == 1 else sorted(n),
         "eval_seeds": eval_seeds(ev),
+        "ci95": ev.get("overall", {}).get("ci95"),  # 95% Wilson interval of the pooled success
         "seed_scheme": ev["config"].get("seed_scheme"),
         "render_quality": ev["config"].get("render_quality"),
         "train_seeds": train_seeds,
@@ -104,6 +107,7 @@ def cmd_expert(args: argparse.Namespace) -> None:
         "groups": {g: s["success_rate"] for g, s in ev.get("groups", {}).items()},
         "episodes_per_task": args.episodes_per_task,
         "eval_seeds": eval_seeds(ev),
+        "ci95": ev.get("overall", {}).get("ci95"),  # 95% Wilson interval of the pooled success
         "rendered": False,
         "wall_s": ev["wall_s"],
         "machine": machine(),
@@ -149,7 +153,67 @@ def cmd_eval(args: argparse.Namespace) -> None:
                                               if args.episodes_per_task else []), *args.overrides]  # fmt: skip
     if main(argv) != 0:
         sys.exit(1)
-    record(args.suite, "vlastack", out / "eval.json", run)
+    record(args.suite, args.row, out / "eval.json", run)
+
+
+def grounding_errors(policy_dir: Path, tasks: list[str], train_pairs: list, n: int = 20) -> dict:
+    """How far the grounding head's object and goal estimates are from the truth, in cm, on ``n``
+    training layouts and ``n`` held-out ones (seeds 1000.., lerobot-eval's) of every task. Read on
+    the frame after one zero action: Meta-World's reset moves the goal site without a forward
+    pass, so the first frame still draws the previous layout's goal (in LeRobot's env as well)."""
+    import numpy as np
+    import torch
+
+    from vlastack.infer.policy import Policy
+    from vlastack.sim.metaworld import GROUNDING_INDEX, MetaWorldEnv
+
+    pol = Policy.from_pretrained(policy_dir)
+    cfg = pol.cfg
+    idx = list(cfg.grounding.state_index) or list(GROUNDING_INDEX)
+    key = "observation.environment_state"
+    out = {}
+    for task in tasks:
+        env = MetaWorldEnv(task, image_size=480, render_quality="fast")
+        seen = sorted(s for t, s in train_pairs if t == task)[:n]
+        row = {}
+        for name, seeds in (("train", seen), ("heldout", list(range(1000, 1000 + n)))):
+            errs = []
+            for seed in seeds:
+                env.reset(seed=seed)
+                obs = env.step(np.zeros(4, np.float32))[0]
+                batch = pol._batch([pol.check(obs)])
+                with torch.inference_mode(), pol._autocast():
+                    pred = pol.model.head.predict_grounding(pol.model, batch).float().numpy()[0]
+                full = pol.normalizer.normalize(key, np.zeros(39, np.float32))
+                full[idx] = pred
+                est = np.asarray(pol.normalizer.unnormalize(key, full))[idx].reshape(-1, 3)
+                errs.append(np.linalg.norm(est - env.raw_state()[idx].reshape(-1, 3), axis=1) * 100)
+            e = np.array(errs)
+            row[name] = {"layouts": len(seeds), "object_cm": round(float(e[:, 0].mean()), 2),
+                         "goal_cm": round(float(e[:, 1].mean()), 2),
+                         "goal_over_5cm": round(float((e[:, 1] > 5).mean()), 3)}  # fmt: skip
+        env.close()
+        out[task] = row
+        print(f"{task:28s} train: object {row['train']['object_cm']:.1f} cm, goal {row['train']['goal_cm']:.1f} cm;"
+              f" held-out: object {row['heldout']['object_cm']:.1f} cm, goal {row['heldout']['goal_cm']:.1f} cm",
+              flush=True)  # fmt: skip
+    return out
+
+
+def cmd_grounding(args: argparse.Namespace) -> None:
+    from vlastack.sim.metaworld_tasks import expand_tasks
+
+    run = Path(args.run)
+    policy = run / "final" / "ema" if (run / "final" / "ema").is_dir() else run / "final"
+    pairs = json.loads((run / "final" / "train_seeds.json").read_text())["episodes"]
+    errors = grounding_errors(policy, list(expand_tasks(args.tasks.split(","))), pairs, args.layouts)
+    res = load()
+    res.setdefault(args.suite, {}).setdefault(args.row, {})["grounding_error"] = {
+        "note": "grounding head estimate vs truth, cm, after one zero action; train = training layouts, "
+        "heldout = seeds 1000..",
+        "per_task": errors,
+    }
+    save(res)
 
 
 def record(
@@ -169,13 +233,21 @@ def record(
             train_seeds = {t: [min(v), max(v), len(v)] for t, v in by_task.items()}  # [first, last, count]
         from vlastack.config import load_yaml, to_dict
 
+        cfg = to_dict(load_yaml(run / "final" / "config.yaml"))
         train_config = {
             "recipe": RECIPES[suite],
-            **to_dict(load_yaml(run / "final" / "config.yaml"))["train"],
+            **cfg["train"],
+            "model.grounding": cfg["model"]["grounding"],
         }
+        overrides = [a for r in ledger for a in r["argv"] if "=" in a and not a.startswith("-")]
+        if overrides:  # the dotted overrides on top of the recipe, as given to `vla train`
+            train_config["overrides"] = sorted(set(overrides))
         train_config["segments"] = [{k: r[k] for k in ("started", "wall_s", "cpu_s", "rc")} for r in ledger]
     res = load()
-    res.setdefault(suite, {})[policy] = entry_from_eval(ev, suite, cpu_hours, train_seeds, train_config)
+    kept = {k: v for k, v in res.get(suite, {}).get(policy, {}).items() if k in ("grounding_error", "note")}
+    res.setdefault(suite, {})[policy] = (
+        entry_from_eval(ev, suite, cpu_hours, train_seeds, train_config) | kept
+    )
     e = res[suite][policy]
     print(
         f"{suite} {policy}: mean {e['mean']:.1%}, {e['cpu_hours'] or 0:.2f} CPU-h, {e['episodes_per_task']}/task"
@@ -202,7 +274,14 @@ def main() -> None:
     v.add_argument("--out", default=None)
     v.add_argument("--workers", type=int, default=2)
     v.add_argument("--episodes-per-task", type=int, default=None)
+    v.add_argument("--as", dest="row", default="vlastack", help="the row's name in metaworld.json")
     v.add_argument("overrides", nargs="*", help="dotted config overrides")
+    g = sub.add_parser("grounding", help="the grounding head's error on training and held-out layouts")
+    g.add_argument("--suite", choices=sorted(RECIPES), required=True)
+    g.add_argument("--run", required=True)
+    g.add_argument("--tasks", default="MT10")
+    g.add_argument("--layouts", type=int, default=20)
+    g.add_argument("--as", dest="row", default="vlastack", help="the row's name in metaworld.json")
     r = sub.add_parser("record")
     r.add_argument("--suite", choices=sorted(RECIPES), required=True)
     r.add_argument("--policy", required=True)
@@ -219,7 +298,9 @@ def main() -> None:
             args.cpu_hours,
         )
     else:
-        {"expert": cmd_expert, "train": cmd_train, "eval": cmd_eval}[args.cmd](args)
+        {"expert": cmd_expert, "train": cmd_train, "eval": cmd_eval, "grounding": cmd_grounding}[args.cmd](
+            args
+        )
 
 
 if __name__ == "__main__":

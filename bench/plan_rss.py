@@ -27,7 +27,7 @@ from bench.common import environment, print_table, write_results
 from bench.faults import cpu_flags
 from vlastack.config import load_config
 from vlastack.diagnostics.plan import simulate
-from vlastack.diagnostics.rss import ALLOCATOR_SLACK, predict_rss
+from vlastack.diagnostics.rss import CHURN_SLACK, predict_rss
 
 CONFIGS = [
     ("tiny", 8, ()),
@@ -38,7 +38,7 @@ CONFIGS = [
     ("tiny", 96, ()),
     ("small", 4, ("model.camera_names=[scene,wrist]",)),
 ]
-# Not used to fit ALLOCATOR_SLACK / TRAINER_STATE_BYTES (vlastack/diagnostics/rss.py): a check.
+# Not used to fit CHURN_SLACK / TRAINER_STATE_BYTES (vlastack/diagnostics/rss.py): a check.
 HELD_OUT = [
     ("tiny", 64, ("train.lora_rank=16",)),
     ("small", 2, ("model.camera_names=[scene,wrist]", "train.precision=bf16")),
@@ -66,7 +66,7 @@ def main() -> None:
             continue
         cfg = load_config(preset, overrides=[f"train.batch_size={bs}", *ov])
         sim = simulate(cfg, bs, "train")
-        pred = predict_rss(cfg, sim["peak_bytes"], sim["categories"]["inputs"], args.data)
+        pred = predict_rss(cfg, sim["categories"], args.data)
         meas = measured_rss(preset, bs, ov, args.data, args.steps)
         rows.append({
             "preset": preset, "batch_size": bs, "overrides": list(ov), "held_out": (preset, bs, ov) in HELD_OUT,
@@ -88,10 +88,11 @@ def main() -> None:
     write_results("plan_rss", {
         "environment": environment(), "torch": torch.__version__, "cpu": cpu_flags(),
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-        "data": args.data, "steps": args.steps, "allocator_slack": ALLOCATOR_SLACK,
+        "data": args.data, "steps": args.steps, "churn_slack": CHURN_SLACK,
         "definition": "measured: train/peak_mem_mb of `vla train` (the training process's ru_maxrss) after "
-        "--steps steps; predicted: vla plan's tensor peak x allocator slack + measured interpreter/library "
-        "baseline + prefetched batches + preloaded data (vlastack/diagnostics/rss.py)",
+        "--steps steps; predicted: vla plan's persistent tensors (parameters, gradients, optimizer state) + its "
+        "transient tensors (activations, temporaries, inputs) x churn slack + trainer state + measured "
+        "interpreter/library baseline + prefetched batches + preloaded data (vlastack/diagnostics/rss.py)",
         "rows": rows, "worst_abs_error": worst, "worst_abs_error_held_out": held,
     })  # fmt: skip
 

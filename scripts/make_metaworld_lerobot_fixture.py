@@ -9,7 +9,9 @@ backend is used). From the repo root, with no Hub access:
     HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 /work/lrvenv/bin/python scripts/make_metaworld_lerobot_fixture.py \\
         --dataset /tmp/lr_fixture_ds --vlastack-python .venv/bin/python
 
-(``--generate`` runs that ``vla data generate`` first with ``--vlastack-python``.) It opens the dataset
+(``--generate`` runs that ``vla data generate`` first with ``--vlastack-python``, then ``vla data add-uv
+--overwrite``, which rewrites the data and episode files in place with the same values: LeRobot then
+reads files written by both of vlastack's writers.) It opens the dataset
 with ``lerobot.datasets.lerobot_dataset.LeRobotDataset`` and writes
 ``tests/fixtures/metaworld_lerobot/lerobot_view.json``: the versions on both sides, the metadata LeRobot
 reads, each episode's tasks and boundaries, and the first and last frame of every episode as LeRobot
@@ -38,7 +40,12 @@ GENERATE_ARGS = {
     "image_size": 64,
 }
 FRAME_KEYS = ("index", "frame_index", "episode_index", "timestamp", "task_index", "task_id")
-VECTOR_KEYS = ("observation.state", "action", "observation.environment_state")
+VECTOR_KEYS = (
+    "observation.state",
+    "action",
+    "observation.environment_state",
+    "observation.environment_uv.image",
+)
 VERSIONS = "import json, sys; from importlib import metadata as m; print(json.dumps({p: m.version(p) for p in sys.argv[1:]}))"
 
 
@@ -71,6 +78,8 @@ def generate(python: str, dataset: Path) -> None:
     ]
     cmd += ["--episodes-per-task", str(a["episodes_per_task"]), "--image-size", str(a["image_size"])]
     subprocess.run([*cmd, "--out", str(dataset), "--overwrite", "--workers", "0"], cwd=ROOT, check=True)
+    add_uv = [python, "-m", "vlastack.cli", "data", "add-uv", str(dataset), "--overwrite"]
+    subprocess.run(add_uv, cwd=ROOT, check=True)
 
 
 def frame_view(item: dict, camera_keys: list[str]) -> dict:
@@ -128,6 +137,7 @@ def main() -> None:
         },
         "video_backend": backend,
         "generate_args": GENERATE_ARGS | {"seed": sim["seed"], "render_quality": sim["render_quality"]},
+        "rewritten_by_add_uv": args.generate,
         "codebase_version": info_json["codebase_version"],
         "meta": {
             "fps": meta.fps,

@@ -124,16 +124,19 @@ def test_process_rss_counts_baseline_prefetch_and_preload(monkeypatch):
     monkeypatch.setattr(rss, "_baseline_for", lambda cfg, data: 300)
     monkeypatch.setattr(rss, "sample_bytes", lambda cfg, data: (10, 7))
     cfg = load_config("tiny", overrides=["data.num_workers=2", "data.prefetch_factor=3"])
-    r = rss.predict_rss(cfg, tensor_peak=1000, inputs=5)
-    assert r["parts"] == {"baseline": 300, "tensors": int(1000 * rss.ALLOCATOR_SLACK),
+    cats = {"parameters": 100, "gradients": 50, "optimizer_state": 200, "activations": 600, "inputs": 5,
+            "temporaries": 45}  # fmt: skip
+    r = rss.predict_rss(cfg, cats)
+    # what stays counts once; what every step allocates and frees, CHURN_SLACK times
+    assert r["parts"] == {"baseline": 300, "persistent_tensors": 350, "transient_tensors": int(650 * rss.CHURN_SLACK),
                           "prefetched_batches": 2 * 3 * 5, "trainer_state": rss.TRAINER_STATE_BYTES,
                           "preloaded_data": 0}  # fmt: skip
     assert r["rss_bytes"] == sum(r["parts"].values())
     pre = load_config("tiny", overrides=["train.preload=true"])
-    r = rss.predict_rss(pre, tensor_peak=0, inputs=5, data="somewhere")
+    r = rss.predict_rss(pre, {"inputs": 5}, data="somewhere")
     assert r["parts"]["preloaded_data"] == 70 and r["parts"]["prefetched_batches"] == 0
-    assert r["rss_bytes"] == max(300 + 70 + rss.TRAINER_STATE_BYTES, 300 + 2 * 70)
-    assert "pass --data" in rss.predict_rss(pre, 0, 5)["notes"][0]
+    assert r["rss_bytes"] == max(300 + 70 + int(5 * rss.CHURN_SLACK) + rss.TRAINER_STATE_BYTES, 300 + 2 * 70)
+    assert "pass --data" in rss.predict_rss(pre, {"inputs": 5})["notes"][0]
 
 
 def test_process_rss_baseline_is_a_real_interpreter():

@@ -87,7 +87,8 @@ def test_episodes_and_frames_as_lerobot_reads_them(view, dataset):
             for key in ("index", "frame_index", "episode_index", "task_index", "task_id"):
                 assert int(item[key]) == want[key], (where, key)
             assert float(item["timestamp"]) == pytest.approx(want["timestamp"], abs=1e-6), where
-            for key in ("observation.state", "action", "observation.environment_state"):
+            uv = "observation.environment_uv.image"  # vlastack's grounding supervision (`vla data add-uv`)
+            for key in ("observation.state", "action", "observation.environment_state", uv):
                 np.testing.assert_allclose(
                     item[key], np.float32(want[key]), rtol=0, atol=1e-6, err_msg=f"{where} {key}"
                 )

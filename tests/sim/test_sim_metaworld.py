@@ -103,6 +103,18 @@ def test_metaworld_generate_train_eval_like_lerobot(tmp_path, capsys):
     ds = LeRobotDataset(data)
     first = ds[0]
     assert first["task"] == "Reach a goal position" and int(np.asarray(first["task_id"]).reshape(-1)[0]) == 40
+    uv = np.stack([ds[i]["observation.environment_uv.image"] for i in range(len(ds))])
+    ds.close()
+    # `vla data add-uv` (for data made without it, e.g. LeRobot's own) computes the generator's values.
+    assert main(["data", "add-uv", str(data)]) != 0 and "already has" in capsys.readouterr().err
+    assert main(["data", "add-uv", str(data), "--overwrite"]) == 0
+    ds = LeRobotDataset(data)
+    np.testing.assert_array_equal(
+        np.stack([ds[i]["observation.environment_uv.image"] for i in range(len(ds))]), uv
+    )
+    assert ((uv > 0) & (uv < 1)).all()
+    assert main(["data", "add-uv", str(data), "--cameras", "wrist"]) != 0
+    assert "moves with the robot" in capsys.readouterr().err
 
     run = tmp_path / "run"
     rc = main(["train", "--config", "metaworld_mt10", "--data", str(data), "--out", str(run),
@@ -132,3 +144,34 @@ def test_metaworld_generate_train_eval_like_lerobot(tmp_path, capsys):
     assert res["config"]["cameras"] == ["image"] and res["train_seeds"]["overlap"] == 0
     assert len(res["videos"]) == 2  # one per task
     assert "easy" in capsys.readouterr().out
+
+
+@needs_mw
+def test_points_uv_lands_on_the_rendered_goal():
+    """``points_uv`` (the projection behind ``observation.environment_uv.image``) puts the goal where
+    the renderer draws it: push's green and pick-place's blue goal marker, centroid within a pixel
+    at 128 px (measured: within 0.1 px). Frame 0 is skipped: Meta-World's reset moves the goal site
+    without a forward pass, so the first frame still draws the previous layout's goal."""
+    from vlastack.sim.metaworld import MetaWorldEnv, fixed_camera, points_uv
+
+    for task, channel in (("push-v3", 1), ("pick-place-v3", 2)):
+        env = MetaWorldEnv(task, image_size=128, render_quality="fast")
+        for seed in (3, 1001):
+            env.reset(seed=seed)
+            img = env.step(np.zeros(4, np.float32))[0]["images"]["image"].astype(int)
+            others = [c for c in range(3) if c != channel]
+            mask = (img[..., channel] > 120) & (img[..., others[0]] < 80) & (img[..., others[1]] < 80)
+            ys, xs = np.nonzero(mask)
+            assert mask.sum() >= 5, (task, seed)
+            uv = env.privileged_uv()["image"]
+            np.testing.assert_allclose(uv, points_uv(env.raw_state()), rtol=0, atol=0)
+            assert (
+                abs((xs.mean() + 0.5) / 128 - uv[2]) < 1 / 128
+                and abs((ys.mean() + 0.5) / 128 - uv[3]) < 1 / 128
+            )
+        env.close()
+    assert fixed_camera("image") and not fixed_camera("wrist")
+    with pytest.raises(ValueError, match="moves with the robot"):
+        points_uv(np.zeros(39), "wrist")
+    with pytest.raises(ValueError, match="39 wide"):
+        points_uv(np.zeros(7))

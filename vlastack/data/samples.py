@@ -114,8 +114,9 @@ class VLADataset(Dataset):
                 raise ValueError(
                     f"{root}: model.grounding.attend_weight needs the {self.uv_key!r} feature of shape "
                     f"[{2 * m.grounding.points}] (where the first camera sees each point; written by "
-                    f"`vla data generate` for the builtin suite), found {ft and ft['shape']}; "
-                    "regenerate the data or set model.grounding.attend_weight=0"
+                    f"`vla data generate`), found {ft and ft['shape']}; for a Meta-World dataset made "
+                    f"without it run `vla data add-uv {root}`, else regenerate the data or set "
+                    "model.grounding.attend_weight=0"
                 )
         self.cam_keys = [camera_key(c) for c in m.camera_names]
         self.present = [k in self.ds.camera_keys for k in self.cam_keys]

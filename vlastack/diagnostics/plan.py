@@ -274,8 +274,7 @@ def plan(
     if rss:
         from vlastack.diagnostics.rss import predict_rss
 
-        c = rows[0]["categories"]
-        out["process_rss"] = predict_rss(cfg, rows[0]["peak_bytes"], c["inputs"], data)
+        out["process_rss"] = predict_rss(cfg, rows[0]["categories"], data)
     if budget:
         out["largest_batch"] = largest_batch(cfg, base, budget, cache)
         out["fits"] = rows[0]["fits"]

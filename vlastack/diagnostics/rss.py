@@ -6,9 +6,12 @@ On CPU the budget that matters is the machine's RAM, and RSS counts more than te
 - **baseline**: the interpreter and every library a training run imports (torch alone is ~220 MiB
   here, its thread pools and oneDNN/MKL state come on the first ops). Measured, not guessed: a
   fresh interpreter imports what ``vla train`` imports, runs one matmul, and reports its RSS.
-- **tensors**: the planner's peak, times ``ALLOCATOR_SLACK`` (freed small blocks that glibc's
-  malloc keeps, arenas per thread), plus ``TRAINER_STATE_BYTES``; both fitted by
-  ``bench/plan_rss.py`` on this machine.
+- **tensors**, split as the planner splits its peak: what is allocated once and stays
+  (parameters, gradients, optimizer state) counts as is; what every step allocates and frees
+  (activations, temporaries, the batch) counts ``CHURN_SLACK`` times, since the allocator keeps
+  the freed blocks in its free lists and arenas (glibc keeps small blocks, and raises its mmap
+  threshold after big ones are freed, so later blocks of that size come from the heap). Plus
+  ``TRAINER_STATE_BYTES``. Both fitted by ``bench/plan_rss.py`` on this machine.
 - **prefetched batches**: the DataLoader's workers hand ``num_workers x prefetch_factor`` batches
   to the main process ahead of the step (shared memory it maps), on top of the step's own batch.
 - **preloaded data** (``train.preload``): every sample stacked in memory, twice while it is being
@@ -26,13 +29,15 @@ import sys
 from vlastack.config import Config
 
 # Fitted on 7 CPU training runs (tiny at batch 8-96, bf16, checkpointing, preload; small at 4) by
-# bench/plan_rss.py (bench/results/plan_rss.json): the allocator's slack over live tensor bytes at
-# the peak (glibc keeps freed small blocks in its arenas; tiny's many small activations make it
-# larger than a big model's), and what a running trainer holds beyond the measured baseline
-# (the step's autograd and oneDNN caches, the loader threads' arenas). A fit on this machine, not a
-# law: bench/plan_rss.py re-checks it.
-ALLOCATOR_SLACK = 1.3
+# bench/plan_rss.py (bench/results/plan_rss.json): the allocator's slack over the step's transient
+# tensor bytes at the peak, and what a running trainer holds beyond the measured baseline (the
+# step's autograd and oneDNN caches, the loader threads' arenas). One slack over the whole tensor
+# peak (1.3) missed by up to 14%: a big model's peak is mostly weights and optimizer state, which
+# do not churn, and a tiny one's mostly activations, which do. A fit on this machine, not a law:
+# bench/plan_rss.py re-checks it.
+CHURN_SLACK = 1.5
 TRAINER_STATE_BYTES = 100 * 2**20
+PERSISTENT = ("parameters", "gradients", "optimizer_state")  # the planner's categories that stay
 
 _BASELINE = """
 import resource, torch
@@ -90,16 +95,20 @@ def _baseline_for(cfg: Config, data: str | None) -> int:
         return baseline_bytes(cfg_args={"yaml_path": str(Path(d) / "cfg.yaml")}, data=data)
 
 
-def predict_rss(cfg: Config, tensor_peak: int, inputs: int, data: str | None = None) -> dict:
-    """Predicted peak RSS (bytes) of ``vla train`` on CPU for ``cfg``: ``tensor_peak`` and
-    ``inputs`` (one batch) from the planner; ``data`` sizes the preloaded dataset."""
+def predict_rss(cfg: Config, categories: dict[str, int], data: str | None = None) -> dict:
+    """Predicted peak RSS (bytes) of ``vla train`` on CPU for ``cfg``: ``categories`` is the
+    planner's breakdown of its tensor peak (bytes by category, ``inputs`` = one batch);
+    ``data`` sizes the preloaded dataset."""
     d, t = cfg.data, cfg.train
     # a preloaded dataset is gathered in the step's own process: no workers, nothing prefetched
     prefetch = d.num_workers * d.prefetch_factor if d.num_workers > 0 and not t.preload else 0
+    persistent = sum(v for k, v in categories.items() if k in PERSISTENT)
+    transient = sum(v for k, v in categories.items() if k not in PERSISTENT)
     parts = {
         "baseline": _baseline_for(cfg, data),
-        "tensors": int(tensor_peak * ALLOCATOR_SLACK),
-        "prefetched_batches": prefetch * inputs,
+        "persistent_tensors": int(persistent),
+        "transient_tensors": int(transient * CHURN_SLACK),
+        "prefetched_batches": prefetch * categories.get("inputs", 0),
         "trainer_state": TRAINER_STATE_BYTES,
         "preloaded_data": 0,
     }

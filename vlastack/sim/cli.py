@@ -59,6 +59,17 @@ def register(sub, groups) -> None:
     )
     g.set_defaults(func=_generate)
 
+    u = groups["data"].add_parser(
+        "add-uv",
+        help="Meta-World: add where the camera images the object and goal (grounding supervision)",
+    )
+    u.add_argument(
+        "path", help="a Meta-World LeRobot v3 dataset (e.g. lerobot/metaworld_mt50), changed in place"
+    )
+    u.add_argument("--cameras", default=None, help="comma-separated (default: every world-fixed camera)")
+    u.add_argument("--overwrite", action="store_true", help="recompute a feature already there")
+    u.set_defaults(func=_add_uv)
+
     e = sub.add_parser("eval", help="closed-loop evaluation of a policy on a simulated suite")
     e.add_argument(
         "--policy", required=True, help="checkpoint folder | random | expert | ws://HOST:PORT (a `vla serve`)"
@@ -147,6 +158,14 @@ def _generate(args: argparse.Namespace) -> int:
         f"wrote {rep['episodes']} episodes ({rep['frames']} frames) to {args.out} in {rep['wall_s']:.1f}s; "
         f"expert success: {rates}"
     )
+    return 0
+
+
+def _add_uv(args: argparse.Namespace) -> int:
+    from vlastack.sim.generate import add_metaworld_uv
+
+    keys = add_metaworld_uv(args.path, _split(args.cameras) or None, args.overwrite)
+    print(f"{args.path}: added {', '.join(keys) or 'nothing (no world-fixed camera)'}")
     return 0
 
 

@@ -162,6 +162,12 @@ def _episode_features(
         features["action"]["names"] = ["x", "y", "z", "gripper"]
         features[ENV_KEY] = {"dtype": "float32", "shape": [39], "names": ["keypoints"]}
         features["task_id"] = {"dtype": "int16", "shape": [1], "names": None}
+        # Not in LeRobot's dataset (a function of ENV_KEY, for grounding supervision; `vla data add-uv`).
+        from vlastack.sim.metaworld import fixed_camera
+
+        for c in cameras:
+            if fixed_camera(c):
+                features[f"{ENV_UV_KEY}.{c}"] = {"dtype": "float32", "shape": [4], "names": ENV_UV_NAMES}
     return features
 
 
@@ -241,10 +247,13 @@ def generate(
         video_crf=crf,
     )
     task_ids: dict[str, int] = {}
+    uv_cams: list[str] = []
     if suite == "metaworld":
+        from vlastack.sim.metaworld import fixed_camera, points_uv
         from vlastack.sim.metaworld_tasks import TASK_IDS
 
         task_ids = TASK_IDS
+        uv_cams = [c for c in cameras if fixed_camera(c)]
 
     t0 = time.perf_counter()
     meta: list[dict] = []
@@ -261,6 +270,9 @@ def generate(
         if suite == "metaworld":
             data[ENV_KEY] = ep["env_state"]
             data["task_id"] = np.full(ep["length"], task_ids[ep["task"]], np.int16)
+            # Where the fixed cameras image the object and the goal: grounding supervision
+            # (model.grounding.attend_weight). A function of the state (metaworld.points_uv).
+            data.update({f"{ENV_UV_KEY}.{c}": points_uv(ep["env_state"], c) for c in uv_cams})
         idx = writer.add_episode(data, task=ep["prompt"])
         meta.append({"episode_index": idx, "task": ep["task"], "seed": ep["seed"],
                      "prompt": ep["prompt"], "length": ep["length"]})  # fmt: skip
@@ -386,6 +398,39 @@ def _generate_by_parts(
     (out / "meta" / "vlastack_sim.json").write_text(json.dumps({**report, "episode_info": info}, indent=1))
     shutil.rmtree(parts)
     return {k: v for k, v in report.items() if k != "episode_info"}
+
+
+def add_metaworld_uv(
+    root: str | Path, cameras: list[str] | None = None, overwrite: bool = False
+) -> list[str]:
+    """Give a Meta-World dataset recorded without them (an older ``vla data generate``, or
+    LeRobot's ``lerobot/metaworld_mt50``) ``observation.environment_uv.<camera>`` for each
+    world-fixed camera (default: every camera feature of the dataset that has one): where it images
+    the object and the goal, computed from ``observation.environment_state`` as the generator does.
+    -> the keys added."""
+    from vlastack.data.edit import add_feature
+    from vlastack.data.format import load_info
+    from vlastack.data.samples import ENV_KEY, ENV_UV_KEY
+    from vlastack.sim.metaworld import fixed_camera, points_uv
+
+    info = load_info(Path(root))
+    ft = info["features"].get(ENV_KEY)
+    if ft is None or list(ft["shape"]) != [39]:
+        raise ValueError(f"{root}: not a Meta-World dataset (needs a 39-wide {ENV_KEY!r})")
+    if cameras is None:  # observation.image (LeRobot's key) -> "image"; observation.images.<c> -> c
+        keys = [k for k, f in info["features"].items() if f["dtype"] in ("video", "image")]
+        cameras = [k.rsplit(".", 1)[-1] for k in keys]
+        cameras = [c for c in cameras if fixed_camera(c)]
+    added = []
+    for cam in cameras:
+        if not fixed_camera(cam):
+            raise ValueError(f"Meta-World camera {cam!r} moves with the robot: no fixed projection")
+        key = f"{ENV_UV_KEY}.{cam}"
+        add_feature(
+            root, key, [ENV_KEY], lambda c, cam=cam: points_uv(c[ENV_KEY], cam), overwrite, ENV_UV_NAMES
+        )
+        added.append(key)
+    return added
 
 
 def _merge_parts(parts: list[Path], out: Path, video_quality: str, overwrite: bool) -> None:

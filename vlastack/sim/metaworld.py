@@ -32,10 +32,11 @@ import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
 
+from vlastack.sim.camera import pinhole_uv
 from vlastack.sim.metaworld_tasks import DESCRIPTIONS, MT10, MT50
 from vlastack.sim.render import ensure_gl_backend
 
-__all__ = ["MT10", "MT50", "MetaWorldEnv", "describe"]
+__all__ = ["MT10", "MT50", "MetaWorldEnv", "describe", "fixed_camera", "points_uv"]
 
 CAMERA_ALIASES = {"image": "corner2", "scene": "corner2", "wrist": "gripperPOV"}
 # LeRobot's MetaworldEnv moves corner2 here before rendering (lerobot/envs/metaworld.py, v0.6.1).
@@ -47,6 +48,9 @@ LEROBOT_MAX_STEPS = 500  # Meta-World's max_path_length; lerobot-eval runs episo
 # map: ~50 ms, and 0.16/255 mean (8/255 max) pixel difference once resized to 64 px (measured on
 # pick-place-v3; docs/metaworld.md). Shadows stay: dropping them changes 7.4/255 at 64 px.
 RENDER_QUALITY = {"lerobot": None, "fast": (0, 1024)}  # (offsamples, shadowsize) overrides
+# The grounding points in the 39-dim state: the task's first object (4:7) and the goal (36:39), the
+# positions the metaworld recipes' grounding head regresses (``model.grounding.state_index``).
+GROUNDING_INDEX = (4, 5, 6, 36, 37, 38)
 INSTALL_HINT = (
     "Meta-World is not installed: `pip install -e '.[metaworld]'` (vlastack pins the same "
     "mujoco==3.3.0 that Meta-World 3.1 requires; `make setup` installs it with the dev extras)"
@@ -173,6 +177,75 @@ class MetaWorldEnv(gym.Env):
             images[c] = (img[::-1, ::-1] if name.startswith("corner") else img).copy()
         return {"images": images, "state": self._raw[:4].astype(np.float32), "prompt": self.prompt}
 
+    def privileged_state(self) -> np.ndarray:
+        """The object's and the goal's positions (``GROUNDING_INDEX`` of the state), float32 [6]."""
+        return self.raw_state()[list(GROUNDING_INDEX)]
+
+    def privileged_uv(self) -> dict[str, np.ndarray]:
+        """Where each world-fixed camera images the object and the goal, {camera: float32 [4]}
+        (object u, v, goal u, v as fractions of the upright image; ``points_uv``)."""
+        return {c: points_uv(self.raw_state(), c) for c in self.cameras if fixed_camera(c)}
+
     def close(self) -> None:
         self._renderer.close()
         self.env.close()
+
+
+_CAMERA_POSES: dict[str, tuple[np.ndarray, np.ndarray, float] | None] = {}
+
+
+def _camera_pose(camera: str) -> tuple[np.ndarray, np.ndarray, float] | None:
+    """(cam_xpos [3], cam_xmat [3, 3], fovy) of a Meta-World camera as ``MetaWorldEnv`` renders it
+    (corner2 at LeRobot's position), or None for a camera that moves with the robot
+    (``gripperPOV``). Every task shares the cameras of ``xyz_base.xml``, and the world-fixed ones
+    do not move, so one reset of one task gives them all."""
+    name = CAMERA_ALIASES.get(camera, camera)
+    if name not in _CAMERA_POSES:
+        envs, _ = _import_metaworld()  # first: it picks the GL backend before mujoco loads
+        import mujoco
+
+        env = envs["reach-v3"]()
+        m = env.model
+        cid = mujoco.mj_name2id(m, mujoco.mjtObj.mjOBJ_CAMERA, name)
+        if cid < 0:
+            env.close()
+            raise ValueError(f"unknown Meta-World camera {camera!r}")
+        m.cam_pos[mujoco.mj_name2id(m, mujoco.mjtObj.mjOBJ_CAMERA, "corner2")] = LEROBOT_CORNER2_POS
+        mujoco.mj_forward(m, env.data)
+        fixed = m.cam_bodyid[cid] == 0 and m.cam_mode[cid] == mujoco.mjtCamLight.mjCAMLIGHT_FIXED
+        _CAMERA_POSES[name] = (
+            (
+                env.data.cam_xpos[cid].copy(),
+                env.data.cam_xmat[cid].reshape(3, 3).copy(),
+                float(m.cam_fovy[cid]),
+            )
+            if fixed
+            else None
+        )
+        env.close()
+    return _CAMERA_POSES[name]
+
+
+def fixed_camera(camera: str) -> bool:
+    """Whether a Meta-World camera is fixed in the world (so ``points_uv`` applies to it)."""
+    return _camera_pose(camera) is not None
+
+
+def points_uv(env_state: np.ndarray, camera: str = "image") -> np.ndarray:
+    """Meta-World states [..., 39] (``observation.environment_state``) -> float32 [..., 4]: where
+    ``camera`` images the object and the goal (``GROUNDING_INDEX``), (u, v) as fractions of the
+    image as ``MetaWorldEnv`` returns it (corner cameras flipped upright). A pure function of the
+    state, so a dataset recorded without it (e.g. LeRobot's ``lerobot/metaworld_mt50``) can get it
+    afterwards (``vla data add-uv``)."""
+    state = np.asarray(env_state, np.float64)
+    if state.shape[-1] != 39:
+        raise ValueError(f"Meta-World states are 39 wide, got shape {state.shape}")
+    pose = _camera_pose(camera)
+    if pose is None:
+        raise ValueError(f"Meta-World camera {camera!r} moves with the robot: no fixed projection")
+    pos, mat, fovy = pose
+    pts = state[..., list(GROUNDING_INDEX)].reshape(*state.shape[:-1], 2, 3)
+    uv = pinhole_uv(pts, pos, mat, fovy)
+    if CAMERA_ALIASES.get(camera, camera).startswith("corner"):  # rendered upside down, flipped upright
+        uv = np.where(uv >= 0, 1.0 - uv, uv)
+    return uv.reshape(*state.shape[:-1], 4).astype(np.float32)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from vlastack.sim.camera import pinhole_uv
 from vlastack.sim.render import ensure_gl_backend
 
 ensure_gl_backend()
@@ -205,13 +206,8 @@ class SimCore:
         cid = mujoco.mj_name2id(self.model, mujoco.mjtObj.mjOBJ_CAMERA, camera)
         if cid < 0:
             raise ValueError(f"unknown camera {camera!r}; the built-in scene has 'scene' and 'wrist'")
-        rot = self.data.cam_xmat[cid].reshape(3, 3)  # columns: the camera's axes in world coordinates
-        local = (np.asarray(points, np.float64).reshape(-1, 3) - self.data.cam_xpos[cid]) @ rot
-        depth = -local[:, 2]
-        f = 0.5 / np.tan(np.radians(self.model.cam_fovy[cid]) / 2)
-        safe = np.where(depth > 1e-6, depth, 1.0)
-        uv = np.stack([0.5 + f * local[:, 0] / safe, 0.5 - f * local[:, 1] / safe], -1)
-        return np.where((depth > 1e-6)[:, None], uv, -1.0).astype(np.float32)
+        pts = np.asarray(points, np.float64).reshape(-1, 3)
+        return pinhole_uv(pts, self.data.cam_xpos[cid], self.data.cam_xmat[cid], self.model.cam_fovy[cid])
 
     def opening(self) -> float:
         """Finger opening in [0, 1] (1 = open)."""
