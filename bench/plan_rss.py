@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -27,7 +28,7 @@ from bench.common import environment, print_table, write_results
 from bench.faults import cpu_flags
 from vlastack.config import load_config
 from vlastack.diagnostics.plan import simulate
-from vlastack.diagnostics.rss import CHURN_SLACK, predict_rss
+from vlastack.diagnostics.rss import CHURN_SLACK, MMAP_THRESHOLD_ENV, predict_rss
 
 CONFIGS = [
     ("tiny", 8, ()),
@@ -59,7 +60,15 @@ def main() -> None:
     ap.add_argument("--data", required=True)
     ap.add_argument("--steps", type=int, default=12)
     ap.add_argument("--quick", action="store_true", help="tiny configs only")
+    ap.add_argument(
+        "--mmap-threshold",
+        type=int,
+        default=None,
+        help="run with MALLOC_MMAP_THRESHOLD_=N (glibc's fixed mmap threshold) -> plan_rss_mmap.json",
+    )
     args = ap.parse_args()
+    if args.mmap_threshold:  # the training runs inherit it; predict_rss reads it
+        os.environ[MMAP_THRESHOLD_ENV] = str(args.mmap_threshold)
     rows = []
     for preset, bs, ov in CONFIGS + HELD_OUT:
         if args.quick and preset != "tiny":
@@ -85,7 +94,8 @@ def main() -> None:
     print(
         f"worst |error| {worst:.1%} (target <= 10%); held-out configs {held if held is None else f'{held:.1%}'}"
     )
-    write_results("plan_rss", {
+    write_results("plan_rss_mmap" if args.mmap_threshold else "plan_rss", {
+        "malloc_mmap_threshold": args.mmap_threshold,
         "environment": environment(), "torch": torch.__version__, "cpu": cpu_flags(),
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "data": args.data, "steps": args.steps, "churn_slack": CHURN_SLACK,

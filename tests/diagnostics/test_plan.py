@@ -137,6 +137,10 @@ def test_process_rss_counts_baseline_prefetch_and_preload(monkeypatch):
     assert r["parts"]["preloaded_data"] == 70 and r["parts"]["prefetched_batches"] == 0
     assert r["rss_bytes"] == max(300 + 70 + int(5 * rss.CHURN_SLACK) + rss.TRAINER_STATE_BYTES, 300 + 2 * 70)
     assert "pass --data" in rss.predict_rss(pre, {"inputs": 5})["notes"][0]
+    # glibc with a fixed mmap threshold gives freed big blocks back: no churn slack (measured 1.0)
+    monkeypatch.setenv(rss.MMAP_THRESHOLD_ENV, "131072")
+    r = rss.predict_rss(cfg, cats)
+    assert r["parts"]["transient_tensors"] == 650 and rss.MMAP_THRESHOLD_ENV in r["notes"][0]
 
 
 def test_process_rss_baseline_is_a_real_interpreter():
