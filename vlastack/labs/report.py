@@ -15,6 +15,8 @@ _MARK = {"ok": " ok ", "FAIL": "FAIL", "skip": "skip", "report": " -- "}
 def _fmt(v: object) -> str:
     if isinstance(v, float):
         return f"{v:.3g}" if abs(v) < 1000 else f"{v:,.0f}"
+    if isinstance(v, list) and v and all(type(x) is int for x in v):  # a shape read back from labs.json
+        return str(tuple(v))
     return str(v)
 
 

@@ -40,9 +40,10 @@ class LoRALinear(nn.Module):
         y = self.base(x)
         if self.merged:
             return y
-        return (
-            y + (self.dropout(x) @ self.lora_A.t().to(x.dtype) @ self.lora_B.t().to(x.dtype)) * self.scaling
-        )
+        # in place on the base output (autograd does not keep it): no [..., out] temporaries beyond the
+        # adapter's own product, which is what the step's transient memory is made of
+        low = self.dropout(x) @ self.lora_A.t().to(x.dtype)  # [..., r]
+        return y.add_(low @ self.lora_B.t().to(x.dtype), alpha=self.scaling)
 
     def delta_weight(self) -> Tensor:
         """[out, in]"""
