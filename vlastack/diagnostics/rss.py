@@ -14,8 +14,8 @@ On CPU the budget that matters is the machine's RAM, and RSS counts more than te
   ``TRAINER_STATE_BYTES``. Both fitted by ``bench/plan_rss.py`` on this machine.
 - **prefetched batches**: the DataLoader's workers hand ``num_workers x prefetch_factor`` batches
   to the main process ahead of the step (shared memory it maps), on top of the step's own batch.
-- **preloaded data** (``train.preload``): every sample stacked in memory, twice while it is being
-  stacked (the decoded parts and the concatenated copy).
+- **preloaded data** (``train.preload``): every sample in memory, once (``MemoryDataset`` fills
+  its tensors in place).
 
 ``torch.compile`` (Inductor's compiler state and generated code, several hundred MiB) is not
 counted: the prediction says so when ``train.compile`` is on.
@@ -131,8 +131,6 @@ def predict_rss(cfg: Config, categories: dict[str, int], data: str | None = None
         else:
             n, each = sample_bytes(cfg, data)
             parts["preloaded_data"] = n * each
-    steady = sum(parts.values())
-    stacking = parts["baseline"] + 2 * parts["preloaded_data"]  # decoded parts + concatenated copy
     if t.compile:
         notes.append("train.compile: Inductor's own memory (several hundred MiB) is not counted")
-    return {"rss_bytes": max(steady, stacking), "parts": parts, "notes": notes}
+    return {"rss_bytes": sum(parts.values()), "parts": parts, "notes": notes}
