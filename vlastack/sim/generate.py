@@ -385,7 +385,7 @@ def _generate_by_parts(
             print(f"task {i + 1}/{len(names)}: {t}", flush=True)
         generate(part, tasks=(t,), video_quality="lossless", overwrite=True, resumable=False, **kw)
         reports.append(json.loads((part / "meta" / "vlastack_sim.json").read_text()))
-    _merge_parts([parts / t for t in names], out, video_quality, overwrite)
+    _merge_parts([parts / t for t in names], out, video_quality, overwrite, kw["progress"])
     report = {**reports[0], "tasks": list(names), "video_quality": video_quality,
               "episodes": sum(r["episodes"] for r in reports), "attempts": sum(r["attempts"] for r in reports),
               "frames": sum(r["frames"] for r in reports), "wall_s": time.perf_counter() - t0,
@@ -433,28 +433,51 @@ def add_metaworld_uv(
     return added
 
 
-def _merge_parts(parts: list[Path], out: Path, video_quality: str, overwrite: bool) -> None:
-    """Concatenate finished per-task datasets (same features) into one, episode by episode."""
+def _merge_parts(
+    parts: list[Path], out: Path, video_quality: str, overwrite: bool, progress: bool = True
+) -> None:
+    """Concatenate finished per-task datasets (same features) into one, episode by episode.
+
+    Every frame is decoded from the lossless parts and encoded again (~190k frames for MT50): a
+    thread decodes the next episode while this one is encoded, and a bar shows the episodes
+    written."""
+    from concurrent.futures import ThreadPoolExecutor
+
     from vlastack.data.lerobot import LeRobotWriter
     from vlastack.data.reader import LeRobotDataset
 
     info = json.loads((parts[0] / "meta" / "info.json").read_text())
     features = {k: {kk: v for kk, v in f.items() if kk != "info"} for k, f in info["features"].items()}
     pix_fmt, crf = VIDEO_QUALITY[video_quality]
+    counts = [json.loads((p / "meta" / "info.json").read_text())["total_episodes"] for p in parts]
+    jobs = [(i, k) for i, n in enumerate(counts) for k in range(n)]
+    opened: dict[int, LeRobotDataset] = {}  # touched by the decoding thread only
     writer = LeRobotWriter(out, fps=info["fps"], features=features, robot_type=info["robot_type"],
                            overwrite=overwrite, video_pix_fmt=pix_fmt, video_crf=crf)  # fmt: skip
+    keys = [k for k in writer.features if features[k]["dtype"] not in ("video", "image")]
+
+    def load(job: tuple[int, int]) -> tuple[dict[str, np.ndarray], str]:
+        i, k = job
+        if i not in opened:
+            for j in [j for j in opened if j != i]:  # one part open at a time
+                opened.pop(j).close()
+            opened[i] = LeRobotDataset(parts[i])
+        ds = opened[i]
+        start, end = ds.episode_range(k)
+        data = {key: np.stack([ds.image(key, t) for t in range(start, end)]) for key in ds.camera_keys}
+        data.update({key: np.asarray(ds.columns[key][start:end]) for key in keys})
+        return data, ds.tasks[int(ds.columns["task_index"][start])]
+
     try:
-        for part in parts:
-            ds = LeRobotDataset(part)
-            keys = [k for k in writer.features if k not in ds.camera_keys]
-            for k in range(ds.num_episodes):
-                start, end = ds.episode_range(k)
-                data = {
-                    key: np.stack([ds.image(key, i) for i in range(start, end)]) for key in ds.camera_keys
-                }
-                data.update({key: np.asarray(ds.columns[key][start:end]) for key in keys})
-                writer.add_episode(data, task=ds.tasks[int(ds.columns["task_index"][start])])
-            ds.close()
+        with ThreadPoolExecutor(1) as pool, Progress(len(jobs), "merge", "episode", enabled=progress) as bar:
+            pending = pool.submit(load, jobs[0])
+            for n in range(len(jobs)):
+                data, task = pending.result()
+                if n + 1 < len(jobs):
+                    pending = pool.submit(load, jobs[n + 1])
+                writer.add_episode(data, task=task)
+                bar.update(1)
+            pool.submit(lambda: [ds.close() for ds in opened.values()]).result()
         writer.finalize()
     except BaseException:
         writer.abort()
