@@ -470,14 +470,16 @@ def _merge_parts(
 
     try:
         with ThreadPoolExecutor(1) as pool, Progress(len(jobs), "merge", "episode", enabled=progress) as bar:
-            pending = pool.submit(load, jobs[0])
-            for n in range(len(jobs)):
-                data, task = pending.result()
-                if n + 1 < len(jobs):
-                    pending = pool.submit(load, jobs[n + 1])
-                writer.add_episode(data, task=task)
-                bar.update(1)
-            pool.submit(lambda: [ds.close() for ds in opened.values()]).result()
+            try:
+                pending = pool.submit(load, jobs[0])
+                for n in range(len(jobs)):
+                    data, task = pending.result()
+                    if n + 1 < len(jobs):
+                        pending = pool.submit(load, jobs[n + 1])
+                    writer.add_episode(data, task=task)
+                    bar.update(1)
+            finally:  # after the last load (the pool runs one job at a time)
+                pool.submit(lambda: [ds.close() for ds in opened.values()]).result()
         writer.finalize()
     except BaseException:
         writer.abort()
