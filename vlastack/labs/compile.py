@@ -148,13 +148,14 @@ def _demo_end_to_end(ctx: Ctx, rows: list[dict]) -> dict[str, float]:
     (``fullgraph=True``), fp32. Appends rows; returns {name: speedup}."""
     import torch._inductor.config as inductor_config
 
-    from vlastack.apps.demo import demo_config
     from vlastack.batch import dummy_batch
+    from vlastack.config import load_config
+    from vlastack.config.io import load_yaml
     from vlastack.models import build_model
     from vlastack.train.optim import build_optimizer
     from vlastack.train.step import train_step
 
-    cfg = demo_config("tiny", None, ["train.precision=fp32"], precision="fp32")
+    cfg = load_yaml("demo_fp32", base=load_config("tiny", "demo"))  # the demo's fp32 recipe
     out = {}
     for name in ("demo training step (batch 32)", "demo sampler (batch 1)"):
         torch._dynamo.reset()
