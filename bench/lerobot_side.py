@@ -191,13 +191,14 @@ def run_kind(kind: str, args, out: Out) -> None:
             out.put(f"{kind}/train", row)
             break
         except torch.OutOfMemoryError:
-            opt.zero_grad(set_to_none=True)
-            gc.collect(), torch.cuda.empty_cache()
             log(f"{kind} train batch {b} does not fit")
         except Exception as e:
             traceback.print_exc()
             out.skip(f"{kind}/train", f"{type(e).__name__}: {str(e)[:400]}")
             break
+        # outside the except block, so the failed step's activations are no longer referenced
+        opt.zero_grad(set_to_none=True)
+        gc.collect(), torch.cuda.empty_cache()
 
 
 def main() -> None:

@@ -21,9 +21,11 @@ Protocols (``--protocol``):
   [max(1, d), H - d], beta = 5 with the exponential soft mask (models/heads/rtc.py); sync,
   naive_async, rtc_inference, rtc_training. Its goals (``goals_by_representation``) are read at
   s = 4, the one horizon every d in 0..4 allows, so d alone changes between the cells compared.
-  Bidirectional decoding (BID) is not run: it samples a batch of chunks per step and picks by
-  backward coherence and forward contrast with a weaker policy, several times plain sampling's
-  cost, so it was left out.
+  Bidirectional decoding (BID, Liu et al., arXiv 2408.17355) runs apart, with ``--phase bid``:
+  its backward coherence (``eval.execution.method=bid``: K = 8 plain chunks per request, the one
+  closest to the leftover runs) beside naive execution on the same plain policy, at s = 4, into
+  ``bench/results/rtc_bid.json``. Its forward contrast needs a second, weaker checkpoint and is not
+  used.
 
 Per (method, d, s): success per task with Wilson intervals, the max / mean action jump at chunk
 boundaries, starved and fallback counts; the cost of inference-time RTC's guided sampling against
@@ -124,7 +126,9 @@ def overrides(proto: Protocol, name: str) -> list[str]:
     return [f"model.action_horizon={proto.horizon}", *COMMON, *extra]
 
 
-def train(rep: str, proto: Protocol, t0: float, threads: int = 2) -> dict:
+def train(
+    rep: str, proto: Protocol, t0: float, threads: int = 2, names: tuple[str, ...] = ("plain", "rtc_trained")
+) -> dict:
     from vlastack.apps.demo import DATA_NOISE, demo_config
     from vlastack.sim.generate import generate
     from vlastack.train.trainer import Trainer
@@ -139,7 +143,7 @@ def train(rep: str, proto: Protocol, t0: float, threads: int = 2) -> dict:
             seed=0, overwrite=True, video_quality="lossless", progress=False, settle=SETTLE,
             action_representation=rep,
         )  # fmt: skip
-    for name in ("plain", "rtc_trained"):
+    for name in names:
         if policy_dir(rep, proto, name).is_dir():
             continue
         cfg = demo_config("tiny", None, overrides(proto, name))
@@ -427,8 +431,9 @@ def run_eval(
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--phase", choices=["all", "train", "eval", "cost"], default="all",
-                    help="cost: re-measure only the inference cost of the trained policies (on an idle CPU)")  # fmt: skip
+    ap.add_argument("--phase", choices=["all", "train", "eval", "cost", "bid"], default="all",
+                    help="cost: re-measure only the inference cost of the trained policies (on an idle CPU); "
+                         "bid: bidirectional decoding beside naive execution (trains the plain policy if missing)")  # fmt: skip
     ap.add_argument("--representation", choices=["delta", "absolute"], default="absolute")
     ap.add_argument("--protocol", choices=sorted(PROTOCOLS), default="published")
     ap.add_argument("--episodes", type=int, default=EVAL_EPISODES, help="per task, method, delay and s")
@@ -444,6 +449,77 @@ def main() -> None:
         run_eval(args.representation, proto, t0, args.episodes, args.load_note, args.workers)
     if args.phase == "cost":
         remeasure_cost(args.representation, proto, args.load_note)
+    if args.phase == "bid":
+        train(args.representation, proto, t0, args.threads, names=("plain",))
+        run_bid(args.representation, proto, t0, args.episodes, args.workers, args.load_note)
+
+
+def run_bid(rep: str, proto: Protocol, t0: float, episodes: int, workers: int, load_note: str) -> None:
+    """BID (backward coherence, K = 8) and naive execution on the same plain policy, at every
+    delay of the protocol and s = its goal horizon: success, boundary jumps and the cost per chunk
+    (wall clock, batch 1, interleaved medians) -> bench/results/rtc_bid.json."""
+    from bench.common import write_results
+    from vlastack.config import EvalConfig, ExecutionConfig
+    from vlastack.infer.policy import Policy
+    from vlastack.sim.evaluate import evaluate
+
+    s, rows = proto.goal_s, []
+    for d in proto.delays:
+        for label, method in (("naive_async", "naive_async"), ("bid K=8", "bid")):
+            ex = ExecutionConfig(method=method, delay=d, bid_samples=8)
+            cfg = EvalConfig(
+                suite="builtin", tasks=TASKS, episodes=episodes * len(TASKS), num_workers=workers,
+                steps_per_chunk=s, videos=0, execution=ex,
+            )  # fmt: skip
+            res = evaluate(str(policy_dir(rep, proto, "plain")), cfg, cameras=CAMERAS)
+            row = result_row(res, cfg, label=label, policy="plain", method=method, delay=d, s=s,
+                             horizon=proto.horizon, representation=rep, execution={"bid_samples": 8})  # fmt: skip
+            rows.append(row)
+            _log(f"{rep} {proto.name} d={d} s={s} {label:>12}: dynamic {row['dynamic_success']:.0%}, "
+                 f"reach {row['static_success']:.0%}, mean jump {row['dynamic_mean_jump']:.3f}", t0)  # fmt: skip
+    # cost per chunk at batch 1: plain sampling vs BID's K candidates
+    from vlastack.sim.env import make_env
+
+    torch.set_num_threads(2)
+    env = make_env("reach_moving", cameras=CAMERAS, seed=1_000_000, action_representation=rep)
+    obs, _ = env.reset(seed=1_000_000)
+    env.close()
+    policy = Policy.from_pretrained(policy_dir(rep, proto, "plain"))
+    d = min(4, proto.horizon // 2)
+    prefix = policy.infer(obs)["actions"][d:]
+    bid = {**obs, "action_prefix": prefix, "inference_delay": d, "rtc_method": "bid"}
+    calls = {"plain": lambda: policy.infer(obs), "bid": lambda: policy.infer(bid)}
+    times: dict[str, list[float]] = {k: [] for k in calls}
+    for fn in calls.values():
+        fn()
+    for i in range(30):
+        for k in list(calls) if i % 2 == 0 else list(calls)[::-1]:
+            t = time.perf_counter()
+            calls[k]()
+            times[k].append(time.perf_counter() - t)
+    med = {k: sorted(v)[len(v) // 2] * 1e3 for k, v in times.items()}
+    naive = {r["delay"]: r for r in rows if r["method"] == "naive_async"}
+    summary = [
+        {
+            "delay": r["delay"],
+            "bid_dynamic_success": r["dynamic_success"],
+            "naive_dynamic_success": naive[r["delay"]]["dynamic_success"],
+            "bid_mean_jump_vs_naive": (
+                r["dynamic_mean_jump"] / naive[r["delay"]]["dynamic_mean_jump"]
+                if naive[r["delay"]]["dynamic_mean_jump"] > 0 else None
+            ),
+        }
+        for r in rows
+        if r["method"] == "bid"
+    ]  # fmt: skip
+    write_results("rtc_bid", {
+        "representation": rep, "protocol": proto.name, "horizon": proto.horizon, "s": s,
+        "episodes_per_task": episodes, "tasks": list(TASKS), "bid_samples": 8,
+        "cost_ms_median": {k: round(v, 2) for k, v in med.items()},
+        "bid_cost_vs_plain": round(med["bid"] / med["plain"], 2),
+        "summary": summary, "rows": rows, "load_note": load_note,
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+    })  # fmt: skip
 
 
 def remeasure_cost(rep: str, proto: Protocol, load_note: str) -> None:

@@ -70,7 +70,7 @@ def test_every_method_runs_and_never_starves(method, delay):
         assert stats.paused_steps == first_wait
 
 
-@pytest.mark.parametrize("method", ["naive_async", "rtc_inference", "rtc_training"])
+@pytest.mark.parametrize("method", ["naive_async", "rtc_inference", "rtc_training", "bid"])
 @pytest.mark.parametrize("delay", [1, 2, 4, 8])
 def test_async_chunks_are_indexed_by_the_actual_delay(method, delay):
     ex, stats, _pol = run(method, delay)

@@ -126,6 +126,37 @@ def test_training_time_rtc_sampling_keeps_the_prefix_exactly(policy):
     torch.testing.assert_close(zero, model.sample_actions(batch, noise=noise))  # d = 0: plain sampling
 
 
+def test_bid_keeps_the_candidate_closest_to_the_leftover(policy):
+    """Bidirectional decoding (backward coherence): of K plain chunks sampled from the policy's
+    generator, the one with the smallest weighted distance to the leftover is returned, in env
+    units; with K = 1 it is plain sampling with that noise."""
+    obs = make_obs(1)
+    y = committed(policy, obs, n=6, seed=2)
+    req = {**obs, "action_prefix": y, "inference_delay": 2, "rtc_method": "bid"}
+    model, c, k = policy.model, policy.cfg, 5
+    batch = policy._batch([policy.check(obs)])
+    policy.bid_samples = k
+    try:
+        policy._gen.manual_seed(11)
+        got = policy.infer(req)["actions"]
+        gen = torch.Generator().manual_seed(11)
+        torch.randn(1, H, c.action_dim, generator=gen)  # the noise _run_rtc draws first
+        noise = torch.randn(k, H, c.action_dim, generator=gen)
+        many = {key: v.repeat_interleave(k, 0) for key, v in batch.items()}
+        with torch.inference_mode():
+            cand = model.sample_actions(many, noise=noise)
+        env = policy.normalizer.unnormalize("action", cand[:, :, :ACTION_DIM].numpy())
+        w = prefix_weights(H, 2, 6).numpy()
+        target = policy.normalizer.normalize("action", y)
+        dist = [
+            (w[:6, None] * (policy.normalizer.normalize("action", e[:6]) - target) ** 2).sum() for e in env
+        ]
+        np.testing.assert_allclose(got, env[int(np.argmin(dist))], rtol=1e-5, atol=1e-5)
+        assert len({round(float(d), 6) for d in dist}) == k  # the candidates differ
+    finally:
+        policy.bid_samples = 8
+
+
 def test_missing_and_long_delays_are_handled_and_logged(policy, caplog):
     obs = make_obs(2)
     y = committed(policy, obs, n=4)
@@ -185,7 +216,7 @@ def test_rtc_requests_are_micro_batched_per_method(policy):
         ({"action_prefix": np.zeros((2, ACTION_DIM), np.float32), "inference_delay": -1}, "inference_delay"),
         ({"action_prefix": np.zeros((2, ACTION_DIM), np.float32), "inference_delay": 1.5}, "inference_delay"),
         ({"inference_delay": 2}, "needs 'action_prefix'"),
-        ({"action_prefix": np.zeros((2, ACTION_DIM), np.float32), "rtc_method": "bid"}, "rtc_method"),
+        ({"action_prefix": np.zeros((2, ACTION_DIM), np.float32), "rtc_method": "bidi"}, "rtc_method"),
     ],
 )
 def test_bad_rtc_requests_are_refused(policy, extra, match):
@@ -274,7 +305,7 @@ def test_rtc_request_through_vla_serve_and_the_openpi_client(policy):
     local = policy.infer(req)["actions"]
     with ServerThread(PolicyServer(policy, port=0)) as srv:
         client = WebsocketClientPolicy("127.0.0.1", srv.port)
-        assert client.get_server_metadata()["rtc_methods"] == ["rtc_inference", "rtc_training"]
+        assert client.get_server_metadata()["rtc_methods"] == ["rtc_inference", "rtc_training", "bid"]
         out = client.infer(req)["actions"]
         with pytest.raises(RuntimeError, match="action_prefix"):
             client.infer({**obs, "action_prefix": y[:, :2]})

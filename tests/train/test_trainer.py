@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from train_helpers import FakeDataset, tiny_cfg
+from train_helpers import TINY, FakeDataset, tiny_cfg
 
 from vlastack.batch import dummy_batch
-from vlastack.config import TrainConfig
+from vlastack.config import TrainConfig, load_config
 from vlastack.models import build_model
 from vlastack.models.vla import VLA
 from vlastack.train.optim import lr_factor, param_groups, part_of
@@ -154,6 +154,38 @@ def test_lora_trains_only_adapters_and_exports_merged(tmp_path):
     tr2 = Trainer(cfg, run_dir=tmp_path / "run", dataset=FakeDataset(cfg), resume=True)
     for k, v in tr.model.state_dict().items():
         assert torch.equal(v, tr2.model.state_dict()[k]), k
+
+
+def test_lora_keeps_a_frozen_part_frozen(tmp_path):
+    """lr_vision=0 with LoRA (the 24 GB Pi0.5 recipe's frozen vision): apply_lora used to make
+    every adapter trainable, the vision tower's too, so it ran a backward and held activations
+    for adapters whose learning rate is 0."""
+    cfg = tiny_cfg("train.steps=1", "train.lora_rank=4", "train.lr_vision=0")
+    tr = Trainer(cfg, run_dir=tmp_path / "run", dataset=FakeDataset(cfg))
+    trainable = [n for n, p in tr.model.named_parameters() if p.requires_grad]
+    assert trainable and all(".lora_" in n for n in trainable)
+    assert not [n for n in trainable if part_of(n) == "vision"]
+    assert any(part_of(n) == "vision" and ".lora_" in n for n, _ in tr.model.named_parameters())
+    assert "vision" not in {g["name"].split(".")[0] for g in tr.optimizer.param_groups}
+    tr.fit()
+
+
+def test_pi05_24gb_recipe_trains_on_the_tiny_preset(tmp_path):
+    """The packaged ``pi05_lora_24gb`` recipe on the tiny preset's Pi0.5: adapters outside the
+    vision tower train, the rest stays fixed (its full-size peak: docs/gpu.md, ``vla plan``)."""
+    cfg = load_config(
+        "tiny",
+        "pi05_lora_24gb",
+        [*TINY, "model.variant=pi05", "model.max_text_len=80", "train.steps=2", "train.batch_size=4"],
+    )
+    assert cfg.train.lora_rank == 16 and cfg.train.lr_vision == 0 and cfg.train.activation_checkpointing
+    assert cfg.train.grad_accum == 2
+    tr = Trainer(cfg, run_dir=tmp_path / "run", dataset=FakeDataset(cfg))
+    before = {k: v.clone() for k, v in tr.model.state_dict().items()}
+    out = tr.fit()
+    assert out["steps"] == 2
+    changed = {k for k, v in tr.model.state_dict().items() if not torch.equal(v, before[k])}
+    assert changed and all(".lora_" in k and part_of(k) != "vision" for k in changed)
 
 
 def test_adamw8bit_without_bitsandbytes_is_a_clear_error(tmp_path):

@@ -529,7 +529,7 @@ class TrainConfig:
         _check(self.grad_clip >= 0, "grad_clip", "must be >= 0 (0 = off)")
 
 
-EXECUTION_METHODS = ("sync", "naive_async", "temporal_ensemble", "rtc_inference", "rtc_training")
+EXECUTION_METHODS = ("sync", "naive_async", "temporal_ensemble", "rtc_inference", "rtc_training", "bid")
 
 
 @dataclass(frozen=True)
@@ -542,10 +542,13 @@ class ExecutionConfig:
     before the next request (s; 0 = ``eval.steps_per_chunk``), raised to d when d is larger.
     """
 
-    method: str = "sync"  # sync | naive_async | temporal_ensemble | rtc_inference | rtc_training
+    method: str = "sync"  # sync | naive_async | temporal_ensemble | rtc_inference | rtc_training | bid
     delay: int = 0
     horizon: int = 0
     guidance_max: float = 5.0  # rtc_inference: the guidance weight clip (beta)
+    # bid: candidate chunks sampled per request; the one closest to the executing chunk's
+    # leftover runs (bidirectional decoding's backward coherence, arXiv 2408.17355)
+    bid_samples: int = 8
     # RTC methods: actions of the executing chunk sent as the prefix, at least d (0: all it has
     # left). Shorter: the soft-guided region ends sooner and the new chunk follows the new
     # observation more, at the cost of larger jumps after the committed part.
@@ -562,6 +565,7 @@ class ExecutionConfig:
         _check(self.delay >= -1, "delay", f"must be >= 0 (steps) or -1 (measured live), got {self.delay}")
         _check(self.horizon >= 0, "horizon", f"must be >= 0 (0 = eval.steps_per_chunk), got {self.horizon}")
         _check(self.guidance_max > 0, "guidance_max", f"must be > 0, got {self.guidance_max}")
+        _check(self.bid_samples >= 1, "bid_samples", f"must be >= 1, got {self.bid_samples}")
         _check(self.overlap >= 0, "overlap", f"must be >= 0 (0 = the whole leftover), got {self.overlap}")
         _check(self.delay_warmup >= 0, "delay_warmup", f"must be >= 0, got {self.delay_warmup}")
         _check(0 < self.delay_quantile <= 1, "delay_quantile", "must be in (0, 1]")

@@ -47,6 +47,13 @@ def register(sub, groups) -> None:
         "--data", default=None, help="dataset: sizes a preloaded dataset (train.preload) in the RSS"
     )
     p.add_argument("--json", default=None, help="also write the plan as JSON here")
+    p.add_argument(
+        "--target",
+        choices=("cpu", "cuda"),
+        default=None,
+        help="the device the training will run on: its optimizer kernels (fused AdamW on cuda, foreach "
+        "on cpu) differ in temporaries (default: cuda when this machine has one, else cpu)",
+    )
     add_config_args(p)
     p.set_defaults(func=_plan)
 
@@ -84,7 +91,11 @@ def _plan(args: argparse.Namespace) -> int:
     except ValueError:
         raise ValueError(f"--batch-sizes: expected integers like 1,8,32, got {args.batch_sizes!r}") from None
     data = args.data or cfg.data.path or None
-    result = plan(cfg, budget, sizes, infer=not args.no_infer, rss=not args.no_rss, data=data)
+    import torch
+
+    target = args.target or ("cuda" if torch.cuda.is_available() else "cpu")
+    rss = not args.no_rss and target == "cpu"  # the RSS prediction is for CPU training
+    result = plan(cfg, budget, sizes, infer=not args.no_infer, rss=rss, data=data, target=target)
     print(format_plan(result))
     if args.json:
         with open(args.json, "w") as f:

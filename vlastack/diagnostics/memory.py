@@ -85,6 +85,10 @@ class LiveTensorTracker(TorchDispatchMode):
     parameters, gradients, optimizer_state and inputs (see ``training_roles``). ``fake_scalars``:
     answer ``.item()``-style reads (which fake tensors cannot) with a plausible constant (see
     ``_scalar_for``), so that a training step with host syncs runs unchanged under ``FakeTensorMode``.
+    ``fused_optimizer``: count only what survives each optimizer step (its state), as a fused
+    AdamW kernel allocates nothing else; the foreach step that actually runs holds full-size
+    temporaries. Fused AdamW itself does not run under ``FakeTensorMode`` with this tracker
+    (torch 2.13: a segfault reading a parameter's storage after the fused step).
     """
 
     def __init__(
@@ -92,8 +96,12 @@ class LiveTensorTracker(TorchDispatchMode):
         roles: Callable[[], dict[str, set[int]]] | None = None,
         fake_scalars: bool = False,
         timeline_every: int = 1,
+        fused_optimizer: bool = False,
     ) -> None:
         super().__init__()
+        self.fused_optimizer = fused_optimizer
+        self._defer = False  # inside a step whose temporaries a fused kernel would not make
+        self.pending: dict[int, int] = {}  # storages made in that step, counted if they outlive it
         self.roles = roles or dict
         self.fake_scalars = fake_scalars
         self.live: dict[int, int] = {}
@@ -124,6 +132,11 @@ class LiveTensorTracker(TorchDispatchMode):
         key = st._cdata
         n = st.nbytes()
         old = self.live.get(key)
+        if old is None and self._defer:
+            if key not in self.pending:
+                weakref.finalize(st, self._free, key)
+            self.pending[key] = n
+            return
         if old is None:
             weakref.finalize(st, self._free, key)
         elif old == n:
@@ -135,10 +148,25 @@ class LiveTensorTracker(TorchDispatchMode):
             self._dirty = True
 
     def _free(self, key: int) -> None:
+        if self.pending.pop(key, None) is not None:  # a temporary of a deferred step
+            return
         if self._dirty:  # memory is about to fall: the moment before was a new peak
             self._take_snapshot()
         self.total -= self.live.pop(key, 0)
         self.saved.pop(key, None)
+
+    def _end_defer(self) -> None:
+        """The step is over: what it made and still holds (the optimizer state) now counts."""
+        self._defer = False
+        for key, n in self.pending.items():
+            self.live[key] = n
+            self.total += n
+        self.pending.clear()
+        if self.total > self.peak:
+            self.peak = self.total
+            # Now, not at the next free: that is ``zero_grad`` dropping a gradient, and reading
+            # the parameters' storages from inside that finalizer crashes torch (seen: segfault).
+            self._take_snapshot()
 
     def _take_snapshot(self) -> None:
         self._dirty = False
@@ -189,9 +217,21 @@ class LiveTensorTracker(TorchDispatchMode):
         for m in names:
             handles.append(m.register_forward_pre_hook(pre))
             handles.append(m.register_forward_hook(post, always_call=True))
+
+        def step_pre(*_a):
+            self.phase = "optimizer"
+            self._defer = self.fused_optimizer
+
+        def step_post(*_a):
+            self.phase = "after"
+            if self._defer:
+                self._end_defer()
+            if self._dirty:  # see _end_defer: not from inside zero_grad's finalizers
+                self._take_snapshot()
+
         if optimizer is not None:
-            handles.append(optimizer.register_step_pre_hook(lambda *a: setattr(self, "phase", "optimizer")))
-            handles.append(optimizer.register_step_post_hook(lambda *a: setattr(self, "phase", "after")))
+            handles.append(optimizer.register_step_pre_hook(step_pre))
+            handles.append(optimizer.register_step_post_hook(step_post))
 
         def pack(t: Tensor):
             st = _storage(t)

@@ -181,8 +181,8 @@ def _check_rtc(rtc: dict, spec: InputSpec) -> dict:
     """The real-time chunking keys of an observation -> ``Obs`` fields; raises ``ObsError``."""
     prefix, delay = rtc.get("action_prefix"), rtc.get("inference_delay")
     method = rtc.get("rtc_method", "rtc_inference")
-    if method not in ("rtc_inference", "rtc_training"):
-        raise ObsError(f"'rtc_method' must be 'rtc_inference' or 'rtc_training', got {method!r:.80}")
+    if method not in ("rtc_inference", "rtc_training", "bid"):
+        raise ObsError(f"'rtc_method' must be 'rtc_inference', 'rtc_training' or 'bid', got {method!r:.80}")
     if prefix is None:
         if delay is not None:
             raise ObsError("'inference_delay' needs 'action_prefix' (the previous chunk's leftover actions)")

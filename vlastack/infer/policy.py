@@ -105,6 +105,7 @@ class Policy:
         decoding: dict[str, Any] | None = None,
         fast: bool = False,
         guidance_max: float = 5.0,
+        bid_samples: int = 8,
     ) -> None:
         if dtype not in (None, "fp32", "bf16"):
             raise ValueError(f"dtype must be None, 'fp32' or 'bf16', got {dtype!r}")
@@ -132,6 +133,9 @@ class Policy:
         if guidance_max <= 0:
             raise ValueError(f"guidance_max must be > 0, got {guidance_max}")
         self.guidance_max = guidance_max  # inference-time RTC's clip on the guidance weight (beta)
+        if bid_samples < 1:
+            raise ValueError(f"bid_samples must be >= 1, got {bid_samples}")
+        self.bid_samples = bid_samples  # bidirectional decoding: candidates per request
         self._warned: set[str] = set()
         h = self.cfg.action_horizon
         replan_steps = replan_steps or h
@@ -245,7 +249,7 @@ class Policy:
             "prompt_required": self.spec.prompt_required,
             "replan_steps": self.replan_steps,
             # Real-time chunking requests (``action_prefix``, infer/realtime.py) need a flow head.
-            "rtc_methods": ["rtc_inference", "rtc_training"] if c.head_spec.denoise else [],
+            "rtc_methods": ["rtc_inference", "rtc_training", "bid"] if c.head_spec.denoise else [],
             "flat_keys": [*sorted(self.spec.aliases), "observation/state"],
         }
 
@@ -382,6 +386,8 @@ class Policy:
             if methods == {"rtc_training"}:
                 with torch.inference_mode(), self._autocast():
                     out = prefix_sample(head, self.model, batch, target, delays, noise)
+            elif methods == {"bid"}:
+                out = self._bid(batch, target, weights.to(self.device))
             else:
                 with self._autocast():
                     out = guided_sample(
@@ -389,6 +395,21 @@ class Policy:
                     )
         actions = self.normalizer.unnormalize(ACTION_KEY, out.float()[:, :, :a_env].cpu().numpy())
         return np.ascontiguousarray(actions, dtype=np.float32)
+
+    def _bid(self, batch: dict, target: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        """Bidirectional decoding's backward coherence (Liu et al., arXiv 2408.17355): K =
+        ``bid_samples`` plain chunks per observation in one batch, and the one closest to the
+        executing chunk's leftover (``target``, normalized [B, H, A], weighted by ``weights``:
+        the committed steps 1, then decaying, as RTC's guidance weighs them) is kept. Its forward
+        contrast (against a weaker checkpoint's samples) is not used: it needs a second policy.
+        -> normalized actions [B, H, A]. Caller holds the lock."""
+        k, b = self.bid_samples, target.shape[0]
+        many = {key: v.repeat_interleave(k, 0) for key, v in batch.items()}
+        noise = torch.randn((b * k, *target.shape[1:]), generator=self._gen, device=self.device)
+        with torch.inference_mode(), self._autocast():
+            cand = self.model.sample_actions(many, noise=noise).float().view(b, k, *target.shape[1:])
+        dist = ((cand - target[:, None]) ** 2 * weights[:, None]).sum(dim=(2, 3))  # [B, K]
+        return cand[torch.arange(b, device=cand.device), dist.argmin(dim=1)]
 
     def infer_checked(self, obs_list: list[Obs], noise: torch.Tensor | None = None) -> np.ndarray:
         """Checked observations -> unnormalized actions float32 [B, H, A_env] (one forward pass)."""

@@ -49,8 +49,8 @@ import numpy as np
 from vlastack.config import ACTION_REPRESENTATIONS, EXECUTION_METHODS, ExecutionConfig
 
 log = logging.getLogger(__name__)
-ASYNC = ("naive_async", "temporal_ensemble", "rtc_inference", "rtc_training")
-RTC = ("rtc_inference", "rtc_training")
+ASYNC = ("naive_async", "temporal_ensemble", "rtc_inference", "rtc_training", "bid")
+RTC = ("rtc_inference", "rtc_training", "bid")  # the methods whose requests carry the leftover
 
 
 def hold_action(

@@ -90,7 +90,11 @@ def param_groups(model: nn.Module, cfg: TrainConfig) -> list[dict]:
     return out
 
 
-def build_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer:
+def build_optimizer(model: nn.Module, cfg: TrainConfig, fused: bool | None = None) -> torch.optim.Optimizer:
+    """AdamW over ``param_groups`` (or bitsandbytes' 8-bit AdamW). ``fused``: None picks by the
+    parameters' device (fused kernels on CUDA, foreach elsewhere); ``vla plan`` sets it to simulate
+    another device's step, whose temporaries differ (foreach holds a full-size temporary per
+    moment update, fused none)."""
     groups = param_groups(model, cfg)
     if cfg.optimizer == "adamw8bit":
         try:
@@ -101,9 +105,10 @@ def build_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer
                 "(or use train.optimizer=adamw)"
             ) from None
         return bnb.optim.AdamW8bit(groups, lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay)
-    dev = next(p.device for g in groups for p in g["params"])
+    if fused is None:
+        fused = next(p.device for g in groups for p in g["params"]).type == "cuda"
     # fused kernels on CUDA; foreach elsewhere. Neither changes the math.
-    kw = {"fused": True} if dev.type == "cuda" else {"foreach": True}
+    kw = {"fused": True} if fused else {"foreach": True}
     return torch.optim.AdamW(groups, lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay, **kw)
 
 

@@ -280,6 +280,9 @@ class Trainer:
             if self.is_main and not (base_dir / "model.safetensors").exists():
                 model.save_pretrained(base_dir)  # adapters are saved alone; resume needs the base
             apply_lora(model, t.lora_targets, t.lora_rank, t.lora_alpha, t.lora_dropout)
+            # apply_lora makes every adapter trainable; a part frozen with lr 0 keeps its adapters
+            # frozen too, so it runs no backward and holds no activations for one
+            freeze_parts(model, t)
         model.to(self.device)
         if t.activation_checkpointing:
             apply_activation_checkpointing(model)
