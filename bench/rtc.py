@@ -42,7 +42,7 @@ import json
 import shutil
 import subprocess
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -77,6 +77,10 @@ RUNS_OURS = (
     ("rtc_inference overlap=6", "plain", "rtc_inference", {"overlap": 6}),
     ("rtc_training", "rtc_trained", "rtc_training", {}),
     ("naive_async (rtc-trained policy)", "rtc_trained", "naive_async", {}),
+)
+RUNS_BID = (  # --phase bid: the same plain policy, s = the goal horizon
+    ("naive_async", "plain", "naive_async", {}),
+    ("bid K=8", "plain", "bid", {"bid_samples": 8}),
 )
 RUNS_PUBLISHED = (
     ("sync", "plain", "sync", {}),
@@ -158,14 +162,19 @@ def train(
     return info
 
 
-def evaluate_all(rep: str, proto: Protocol, t0: float, episodes: int, workers: int = 2) -> list[dict]:
+def evaluate_all(
+    rep: str, proto: Protocol, t0: float, episodes: int, workers: int = 2, runs: tuple | None = None,
+    goal_s_only: bool = False,
+) -> list[dict]:  # fmt: skip
+    """Every (d, s, run) cell of the protocol (``runs``: other runs instead of its own;
+    ``goal_s_only``: only s = its goal horizon)."""
     from vlastack.config import EvalConfig, ExecutionConfig
     from vlastack.sim.evaluate import evaluate
 
     rows = []
     for d in proto.delays:
-        for s in proto.horizons(d):
-            for label, pol, method, extra in proto.runs:
+        for s in [proto.goal_s] if goal_s_only else proto.horizons(d):
+            for label, pol, method, extra in runs or proto.runs:
                 ex = ExecutionConfig(method=method, delay=d, **extra)
                 cfg = EvalConfig(
                     suite="builtin", tasks=TASKS, episodes=episodes * len(TASKS), num_workers=workers,
@@ -211,6 +220,26 @@ def result_row(res: dict, cfg, **labels) -> dict:
     }
 
 
+def interleaved_ms(calls: dict, clocks: dict, repeats: int) -> dict[str, dict[str, float]]:
+    """Median ms per call and clock, after 3 warm-up rounds, the calls in rotating order: each runs
+    right after every other as often (in a fixed order training-time RTC always ran after the
+    guided call, whose autograd buffers had just been freed, and read 1.07x, not 1.02x)."""
+    import numpy as np
+
+    times = {c: {k: [] for k in calls} for c in clocks}
+    for _ in range(3):
+        for f in calls.values():
+            f()
+    names = list(calls)
+    for r in range(repeats):
+        for k in names[r % len(names) :] + names[: r % len(names)]:
+            t0 = {c: clock() for c, clock in clocks.items()}
+            calls[k]()
+            for c, clock in clocks.items():
+                times[c][k].append((clock() - t0[c]) * 1e3)
+    return {c: {k: float(np.median(v)) for k, v in by.items()} for c, by in times.items()}
+
+
 def inference_cost(rep: str, proto: Protocol, repeats: int = 40) -> dict:
     """Cost per chunk (batch 1, 2 torch threads) of plain sampling, guided (inference-time RTC) and
     clean-prefix (training-time RTC) sampling, interleaved so load changes hit all three alike, by
@@ -219,7 +248,6 @@ def inference_cost(rep: str, proto: Protocol, repeats: int = 40) -> dict:
 
     Earlier runs read the calling thread's CPU only, in a fixed order (plain, guided,
     training-time): 1.08x for training-time RTC, which never ran after anything but the guided call."""
-    import numpy as np
 
     from vlastack.infer.policy import Policy
     from vlastack.sim.env import make_env
@@ -240,20 +268,7 @@ def inference_cost(rep: str, proto: Protocol, repeats: int = 40) -> dict:
         ),
     }
     clocks = {"wall": time.perf_counter, "process": time.process_time, "thread": time.thread_time}
-    times = {c: {k: [] for k in calls} for c in clocks}
-    for _ in range(3):  # warm-up
-        for f in calls.values():
-            f()
-    names = list(calls)
-    for r in range(repeats):
-        # rotating order: a call runs right after the guided one (autograd's buffers just freed) as
-        # often as any other; in a fixed order training-time RTC always did, and read 1.07x, not 1.02x
-        for k in names[r % 3 :] + names[: r % 3]:
-            t0 = {c: clock() for c, clock in clocks.items()}
-            calls[k]()
-            for c, clock in clocks.items():
-                times[c][k].append((clock() - t0[c]) * 1e3)
-    med = {c: {k: float(np.median(v)) for k, v in by.items()} for c, by in times.items()}
+    med = interleaved_ms(calls, clocks, repeats)
     return {
         "ms_median": med,
         "thread_ms_median": med["thread"],
@@ -440,9 +455,14 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2, help="--phase train: torch threads")
     ap.add_argument("--workers", type=int, default=2, help="evaluation worker processes")
     ap.add_argument("--load-note", default="", help="what else ran on the machine (recorded)")
+    ap.add_argument(
+        "--delays", default="", help="evaluate only these delays, e.g. 0,2,4 (default: the protocol's)"
+    )
     args = ap.parse_args()
     t0 = time.perf_counter()
     proto = PROTOCOLS[args.protocol]
+    if args.delays:
+        proto = replace(proto, delays=tuple(int(d) for d in args.delays.split(",")))
     if args.phase in ("all", "train"):
         train(args.representation, proto, t0, args.threads)
     if args.phase in ("all", "eval"):
@@ -459,24 +479,10 @@ def run_bid(rep: str, proto: Protocol, t0: float, episodes: int, workers: int, l
     delay of the protocol and s = its goal horizon: success, boundary jumps and the cost per chunk
     (wall clock, batch 1, interleaved medians) -> bench/results/rtc_bid.json."""
     from bench.common import write_results
-    from vlastack.config import EvalConfig, ExecutionConfig
     from vlastack.infer.policy import Policy
-    from vlastack.sim.evaluate import evaluate
 
-    s, rows = proto.goal_s, []
-    for d in proto.delays:
-        for label, method in (("naive_async", "naive_async"), ("bid K=8", "bid")):
-            ex = ExecutionConfig(method=method, delay=d, bid_samples=8)
-            cfg = EvalConfig(
-                suite="builtin", tasks=TASKS, episodes=episodes * len(TASKS), num_workers=workers,
-                steps_per_chunk=s, videos=0, execution=ex,
-            )  # fmt: skip
-            res = evaluate(str(policy_dir(rep, proto, "plain")), cfg, cameras=CAMERAS)
-            row = result_row(res, cfg, label=label, policy="plain", method=method, delay=d, s=s,
-                             horizon=proto.horizon, representation=rep, execution={"bid_samples": 8})  # fmt: skip
-            rows.append(row)
-            _log(f"{rep} {proto.name} d={d} s={s} {label:>12}: dynamic {row['dynamic_success']:.0%}, "
-                 f"reach {row['static_success']:.0%}, mean jump {row['dynamic_mean_jump']:.3f}", t0)  # fmt: skip
+    s = proto.goal_s
+    rows = evaluate_all(rep, proto, t0, episodes, workers, runs=RUNS_BID, goal_s_only=True)
     # cost per chunk at batch 1: plain sampling vs BID's K candidates
     from vlastack.sim.env import make_env
 
@@ -489,15 +495,7 @@ def run_bid(rep: str, proto: Protocol, t0: float, episodes: int, workers: int, l
     prefix = policy.infer(obs)["actions"][d:]
     bid = {**obs, "action_prefix": prefix, "inference_delay": d, "rtc_method": "bid"}
     calls = {"plain": lambda: policy.infer(obs), "bid": lambda: policy.infer(bid)}
-    times: dict[str, list[float]] = {k: [] for k in calls}
-    for fn in calls.values():
-        fn()
-    for i in range(30):
-        for k in list(calls) if i % 2 == 0 else list(calls)[::-1]:
-            t = time.perf_counter()
-            calls[k]()
-            times[k].append(time.perf_counter() - t)
-    med = {k: sorted(v)[len(v) // 2] * 1e3 for k, v in times.items()}
+    med = interleaved_ms(calls, {"wall": time.perf_counter}, 30)["wall"]
     naive = {r["delay"]: r for r in rows if r["method"] == "naive_async"}
     summary = [
         {

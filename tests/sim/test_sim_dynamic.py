@@ -114,10 +114,10 @@ def test_a_flow_policy_runs_every_method_in_the_simulator():
     torch.manual_seed(0)
     model = build_model(micro_config())
     policy = Policy(model, Normalizer(stats, {"observation.state": "mean_std", "action": "mean_std"}), seed=0)
-    for method in ("naive_async", "rtc_inference", "rtc_training"):
+    for method in ("naive_async", "rtc_inference", "rtc_training", "bid"):
         cfg = EvalConfig(
             suite="dynamic", tasks=("reach_moving",), episodes=1, num_workers=0, steps_per_chunk=4, videos=0,
-            image_size=64, execution=ExecutionConfig(method=method, delay=3),
+            image_size=64, execution=ExecutionConfig(method=method, delay=3, bid_samples=3),
         )  # fmt: skip
         res = evaluate(policy, cfg)
         assert res["episodes"][0]["steps"] == 30 and res["episodes"][0]["requests"] >= 5
