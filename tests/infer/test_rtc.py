@@ -144,7 +144,7 @@ def test_bid_keeps_the_candidate_closest_to_the_leftover(policy):
         noise = torch.randn(k, H, c.action_dim, generator=gen)
         many = {key: v.repeat_interleave(k, 0) for key, v in batch.items()}
         with torch.inference_mode():
-            cand = model.sample_actions(many, noise=noise)
+            cand = model.sample_actions(many, noise=noise, noise_scale=policy.bid_noise_scale)
         env = policy.normalizer.unnormalize("action", cand[:, :, :ACTION_DIM].numpy())
         w = prefix_weights(H, 2, 6).numpy()
         target = policy.normalizer.normalize("action", y)
@@ -155,6 +155,19 @@ def test_bid_keeps_the_candidate_closest_to_the_leftover(policy):
         assert len({round(float(d), 6) for d in dist}) == k  # the candidates differ
     finally:
         policy.bid_samples = 8
+
+
+def test_bid_samples_candidates_even_when_the_recipe_samples_its_mode():
+    """The demo's recipe samples at noise_scale 0 (its mode): K candidates drawn at that
+    temperature would be one chunk K times, and BID would be plain sampling."""
+    torch.manual_seed(0)
+    model = build_model(replace(micro_config(), num_denoise_steps=4, noise_scale=0.0))
+    policy = Policy(model, per_dim_normalizer(), seed=0, bid_samples=4)
+    obs = make_obs(1)
+    req = {**obs, "action_prefix": committed(policy, obs, n=6), "inference_delay": 2, "rtc_method": "bid"}
+    plain = policy.infer(obs)["actions"]
+    np.testing.assert_array_equal(plain, policy.infer(obs)["actions"])  # the mode: deterministic
+    assert not np.allclose(policy.infer(req)["actions"], plain)
 
 
 def test_missing_and_long_delays_are_handled_and_logged(policy, caplog):

@@ -549,6 +549,9 @@ class ExecutionConfig:
     # bid: candidate chunks sampled per request; the one closest to the executing chunk's
     # leftover runs (bidirectional decoding's backward coherence, arXiv 2408.17355)
     bid_samples: int = 8
+    # bid: the candidates' sampling temperature; a recipe that samples its mode (noise_scale 0,
+    # e.g. the demo's) would give K identical candidates
+    bid_noise_scale: float = 1.0
     # RTC methods: actions of the executing chunk sent as the prefix, at least d (0: all it has
     # left). Shorter: the soft-guided region ends sooner and the new chunk follows the new
     # observation more, at the cost of larger jumps after the committed part.
@@ -566,6 +569,7 @@ class ExecutionConfig:
         _check(self.horizon >= 0, "horizon", f"must be >= 0 (0 = eval.steps_per_chunk), got {self.horizon}")
         _check(self.guidance_max > 0, "guidance_max", f"must be > 0, got {self.guidance_max}")
         _check(self.bid_samples >= 1, "bid_samples", f"must be >= 1, got {self.bid_samples}")
+        _check(self.bid_noise_scale > 0, "bid_noise_scale", f"must be > 0, got {self.bid_noise_scale}")
         _check(self.overlap >= 0, "overlap", f"must be >= 0 (0 = the whole leftover), got {self.overlap}")
         _check(self.delay_warmup >= 0, "delay_warmup", f"must be >= 0, got {self.delay_warmup}")
         _check(0 < self.delay_quantile <= 1, "delay_quantile", "must be in (0, 1]")

@@ -136,6 +136,7 @@ class Policy:
         if bid_samples < 1:
             raise ValueError(f"bid_samples must be >= 1, got {bid_samples}")
         self.bid_samples = bid_samples  # bidirectional decoding: candidates per request
+        self.bid_noise_scale = 1.0  # ... sampled at this temperature (the recipe's may be 0)
         self._warned: set[str] = set()
         h = self.cfg.action_horizon
         replan_steps = replan_steps or h
@@ -398,8 +399,9 @@ class Policy:
 
     def _bid(self, batch: dict, target: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
         """Bidirectional decoding's backward coherence (Liu et al., arXiv 2408.17355): K =
-        ``bid_samples`` plain chunks per observation in one batch, and the one closest to the
-        executing chunk's leftover (``target``, normalized [B, H, A], weighted by ``weights``:
+        ``bid_samples`` plain chunks per observation in one batch, sampled at temperature
+        ``bid_noise_scale`` (not the recipe's, which may be 0: K identical chunks), and the one
+        closest to the executing chunk's leftover (``target``, normalized [B, H, A], weighted by ``weights``:
         the committed steps 1, then decaying, as RTC's guidance weighs them) is kept. Its forward
         contrast (against a weaker checkpoint's samples) is not used: it needs a second policy.
         -> normalized actions [B, H, A]. Caller holds the lock."""
@@ -407,7 +409,8 @@ class Policy:
         many = {key: v.repeat_interleave(k, 0) for key, v in batch.items()}
         noise = torch.randn((b * k, *target.shape[1:]), generator=self._gen, device=self.device)
         with torch.inference_mode(), self._autocast():
-            cand = self.model.sample_actions(many, noise=noise).float().view(b, k, *target.shape[1:])
+            cand = self.model.sample_actions(many, noise=noise, noise_scale=self.bid_noise_scale)
+            cand = cand.float().view(b, k, *target.shape[1:])
         dist = ((cand - target[:, None]) ** 2 * weights[:, None]).sum(dim=(2, 3))  # [B, K]
         return cand[torch.arange(b, device=cand.device), dist.argmin(dim=1)]
 

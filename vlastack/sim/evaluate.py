@@ -143,6 +143,7 @@ def _realtime_episode(env, obs, policy, name, seed, steps_per_chunk, ensemble, f
     if hasattr(policy, "guidance_max"):  # a vlastack Policy: inference-time RTC's clip (beta)
         policy.guidance_max = execution.guidance_max
         policy.bid_samples = execution.bid_samples
+        policy.bid_noise_scale = execution.bid_noise_scale
     spc = execution.horizon or steps_per_chunk
     rep = getattr(env, "action_representation", "delta")
     runner = RealtimeRunner(

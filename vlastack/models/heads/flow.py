@@ -271,8 +271,11 @@ class FlowHead(HeadBase):
         noise: Tensor | None = None,
         num_steps: int | None = None,
         cache: StaticKVCache | None = None,
+        noise_scale: float | None = None,
     ) -> ActionOutput:
         """Euler integration from t=1 (noise) to t=0. -> ActionOutput(actions fp32 [B, H, A], None).
+        ``noise_scale``: this call's temperature instead of the config's (bidirectional decoding
+        samples candidates at 1 from a policy whose recipe samples its mode, at 0).
 
         Fixed shapes and no host syncs: compilable without graph breaks (the loop unrolls).
         """
@@ -281,7 +284,7 @@ class FlowHead(HeadBase):
         b = batch["state"].shape[0]
         device = batch["state"].device
         x = torch.randn(b, c.action_horizon, c.action_dim, device=device) if noise is None else noise.float()
-        x = x * c.noise_scale  # noise is standard normal; the config sets the temperature
+        x = x * (c.noise_scale if noise_scale is None else noise_scale)  # noise: standard normal
         cache, positions, mask, state = self.prefill(backbone, batch, cache)
         dt = -1.0 / n
         for i in range(n):
