@@ -140,7 +140,6 @@ def test_bid_keeps_the_candidate_closest_to_the_leftover(policy):
         policy._gen.manual_seed(11)
         got = policy.infer(req)["actions"]
         gen = torch.Generator().manual_seed(11)
-        torch.randn(1, H, c.action_dim, generator=gen)  # the noise _run_rtc draws first
         noise = torch.randn(k, H, c.action_dim, generator=gen)
         many = {key: v.repeat_interleave(k, 0) for key, v in batch.items()}
         with torch.inference_mode():

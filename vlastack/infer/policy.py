@@ -106,6 +106,7 @@ class Policy:
         fast: bool = False,
         guidance_max: float = 5.0,
         bid_samples: int = 8,
+        bid_noise_scale: float = 1.0,
     ) -> None:
         if dtype not in (None, "fp32", "bf16"):
             raise ValueError(f"dtype must be None, 'fp32' or 'bf16', got {dtype!r}")
@@ -136,7 +137,9 @@ class Policy:
         if bid_samples < 1:
             raise ValueError(f"bid_samples must be >= 1, got {bid_samples}")
         self.bid_samples = bid_samples  # bidirectional decoding: candidates per request
-        self.bid_noise_scale = 1.0  # ... sampled at this temperature (the recipe's may be 0)
+        if bid_noise_scale <= 0:
+            raise ValueError(f"bid_noise_scale must be > 0, got {bid_noise_scale}")
+        self.bid_noise_scale = bid_noise_scale  # ... sampled at this temperature (the recipe's may be 0)
         self._warned: set[str] = set()
         h = self.cfg.action_horizon
         replan_steps = replan_steps or h
@@ -381,19 +384,21 @@ class Policy:
             delays[i] = d
         batch = self._batch(obs_list)
         with self.lock:
-            if noise is None:
-                noise = torch.randn((b, h, c.action_dim), generator=self._gen, device=self.device)
-            target, noise = target.to(self.device), noise.to(self.device)
-            if methods == {"rtc_training"}:
-                with torch.inference_mode(), self._autocast():
-                    out = prefix_sample(head, self.model, batch, target, delays, noise)
-            elif methods == {"bid"}:
-                out = self._bid(batch, target, weights.to(self.device))
+            target, weights = target.to(self.device), weights.to(self.device)
+            if methods == {"bid"}:  # draws the noise of its K candidates itself
+                out = self._bid(batch, target, weights)
             else:
-                with self._autocast():
-                    out = guided_sample(
-                        head, self.model, batch, target, weights.to(self.device), noise, self.guidance_max
-                    )
+                if noise is None:
+                    noise = torch.randn((b, h, c.action_dim), generator=self._gen, device=self.device)
+                noise = noise.to(self.device)
+                if methods == {"rtc_training"}:
+                    with torch.inference_mode(), self._autocast():
+                        out = prefix_sample(head, self.model, batch, target, delays, noise)
+                else:
+                    with self._autocast():
+                        out = guided_sample(
+                            head, self.model, batch, target, weights, noise, self.guidance_max
+                        )
         actions = self.normalizer.unnormalize(ACTION_KEY, out.float()[:, :, :a_env].cpu().numpy())
         return np.ascontiguousarray(actions, dtype=np.float32)
 
