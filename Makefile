@@ -16,7 +16,7 @@ smoke: setup
 
 test: setup
 	$(PY) -m ruff check . && $(PY) -m ruff format --check .
-	$(PY) -m pytest -q -x --durations=15
+	$(PY) -m pytest -q -x -n 2 --dist worksteal --durations=15
 
 test-slow: setup
 	$(PY) -m pytest -q -m slow

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from vlastack.apps.demo import DATA_NOISE
 from vlastack.sim.env import make_env
@@ -24,6 +25,7 @@ def test_privileged_state_names_the_prompted_objects():
     env.close()
 
 
+@pytest.mark.slow  # two 1500-step behaviour-cloning runs (~80 s); a science check of DATA_NOISE
 def test_demo_noise_keeps_experts_imitable_and_heavy_noise_does_not():
     small = dict(episodes=100, steps=1500, eval_episodes=20)
     ok = oracle_bc(noise=DATA_NOISE, **small)

@@ -89,7 +89,7 @@ def test_metaworld_generate_train_eval_like_lerobot(tmp_path, capsys):
 
     data = tmp_path / "mw"
     rep = generate(data, suite="metaworld", tasks=("reach-v3", "button-press-topdown-v3"), episodes_per_task=2,
-                   workers=0, image_size=32, seed=1000, progress=False)  # fmt: skip
+                   workers=0, image_size=32, seed=1000, render_quality="fast", progress=False)  # fmt: skip
     info = json.loads((data / "meta/info.json").read_text())
     assert info["fps"] == 80 and info["robot_type"] == "metaworld"
     ft = info["features"]
