@@ -2,9 +2,18 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
-from vlastack.apps.demo import demo_config, explicit_precision, pick_precision, recipe
+from vlastack.apps.demo import (
+    demo_config,
+    explicit_precision,
+    fit_steps,
+    pick_precision,
+    recipe,
+    time_training_step,
+)
 from vlastack.config import load_config
 from vlastack.train.precision import choose_precision, matmul_shapes, measure
 
@@ -16,7 +25,9 @@ def test_demo_recipe_is_the_packaged_yaml():
     assert demo_config() == load_config("tiny", "demo")
     fp32 = demo_config(precision="fp32")
     assert fp32.train.precision == "fp32"
-    assert fp32.model == demo_config().model and fp32.eval == demo_config().eval
+    # fp32 (AVX2 CPUs) trains 48 px images for cheaper steps; everything else is the same model.
+    assert fp32.model.vision.image_size == 48 and fp32.eval == demo_config().eval
+    assert replace(fp32.model, vision=demo_config().model.vision) == demo_config().model
     assert recipe("fp32")["train"]["steps"] == fp32.train.steps
 
 
@@ -55,6 +66,32 @@ def test_measure_runs_on_the_demo_shapes():
     assert all(m <= 1024 for m, _, _ in shapes)
     fp32_s, bf16_s = measure(SHAPES, budget_s=0.2, reps=2)
     assert fp32_s > 0 and bf16_s > 0
+
+
+def test_step_budget_keeps_the_recipe_where_it_fits_and_shrinks_it_where_not():
+    """Figures of two 2-core machines: on the Xeon the recipes were sized on (0.19-0.21 s eager
+    steps, generation 38 s) both keep their steps; on an EPYC VM where every phase ran ~2.5-3x
+    slower (0.36 s per eager 48 px step, generation 96 s) the demo trains fewer to end in time."""
+    assert fit_steps(3700, 860.0, 0.21, True, 2.4 * 38) == (
+        3700, True, "3700 steps fit in 15 minutes (0.21 s per eager step)"
+    )  # fmt: skip
+    assert fit_steps(2200, 860.0, 0.19, True, 2.4 * 38)[:2] == (2200, True)
+    slow, compiled, why = fit_steps(2200, 800.0, 0.36, True, 2.4 * 96)
+    assert 1200 < slow < 1700 and compiled and "0.36 s" in why and "train.steps=2200" in why
+    # Where few steps fit, compiling does not pay for its first step: eager steps, more of them.
+    few, compiled, why = fit_steps(2200, 800.0, 0.57, True, 2.4 * 96)
+    assert not compiled and few > 500 and "eager" in why
+    assert fit_steps(2200, 10.0, 0.57, True, 200.0)[0] == 100  # never a run too short to mean anything
+
+
+def test_step_timing_leaves_the_generator_as_it_was():
+    import torch
+
+    cfg = demo_config(overrides=["train.batch_size=2", "train.precision=fp32"], precision="fp32")
+    torch.manual_seed(3)
+    before = torch.get_rng_state()
+    assert time_training_step(cfg, steps=1) > 0
+    assert torch.equal(torch.get_rng_state(), before)
 
 
 def test_library_layers_do_not_import_apps():

@@ -17,6 +17,11 @@ def register(sub, groups) -> None:
     d.add_argument("--eval-episodes", type=int, default=None, help="closed-loop evaluation episodes")
     d.add_argument("--quick", action="store_true", help="a 1-2 minute smoke version (low success)")
     d.add_argument("--no-ablations", action="store_true", help="skip the blanked-image/instruction evals")
+    d.add_argument(
+        "--minutes", type=float, default=15.0,
+        help="wall-time budget: a CPU slower than the recipe's trains fewer steps to finish within it "
+        "(0: always the recipe's steps; train.steps=N also overrides it)",
+    )  # fmt: skip
     add_config_args(d)
     d.set_defaults(func=_demo)
 
@@ -33,6 +38,7 @@ def _demo(args: argparse.Namespace) -> int:
         eval_episodes=args.eval_episodes,
         quick=args.quick,
         ablations=not args.no_ablations,
+        minutes=args.minutes,
     )
     print(f"report: {report / 'report.html'}")
     return 0

@@ -1,11 +1,13 @@
 """``vla demo``: demonstrations -> tiny policy -> closed-loop evaluation -> report folder.
 
-    vla demo [--out runs/demo] [overrides]     # ~13 minutes on 2 CPU cores
+    vla demo [--out runs/demo] [--minutes 15] [overrides]     # within ~15 minutes on 2 CPU cores
 
 Steps: (1) the scripted expert writes a LeRobot v3 dataset of the built-in suite (seeds from 0);
 (2) the ``tiny`` preset with the demo recipe trains on it: vlastack/configs/demo.yaml (bf16
 autocast) where a start-up micro-benchmark finds bf16 matmuls clearly faster than fp32 (CPUs with
-avx512_bf16/AMX, GPUs), else with demo_fp32.yaml on top; ``train.precision=...`` overrides; (3) the final policy is evaluated on
+avx512_bf16/AMX, GPUs), else with demo_fp32.yaml on top; ``train.precision=...`` overrides; on a CPU
+too slow for the recipe's steps to end within ``--minutes``, fewer steps, sized from a measured
+step (``fit_steps``); (3) the final policy is evaluated on
 ``eval.episodes`` episodes with seeds from ``eval.seed`` (1,000,000: never used for data), beside
 the random policy and the scripted expert, and twice more with its camera images blanked and
 with its instruction replaced, to show that it uses vision and language; (4) the report folder
@@ -95,6 +97,82 @@ def cxx_compiler() -> str | None:
     return None
 
 
+# `vla demo` promises a report within about 15 minutes on 2 cores. The recipes' step counts fit the
+# CPUs they were tuned on; a slower CPU trains fewer steps, sized from its own measured eager step.
+# Measured on two 2-core machines (docs/first-run.md): an Intel Xeon (Sapphire Rapids; 0.19-0.21 s
+# per eager step) and an AVX2-only AMD EPYC VM (0.57 s, where every phase ran ~2.5-3x slower).
+BUDGET_MIN = 15.0
+MARGIN_S = 20.0
+# After training starts: preloading the frames, the evaluations and the report. They run the
+# simulator as generation does, so they are sized from the measured generation time: preload +
+# evaluations + report took 2.4x the generation of 2000 episodes on both machines (Xeon 15 + 72 + 5 s
+# after 38 s; EPYC 25 + 201 + 5 s after 96 s), of which the blank-image and replaced-instruction
+# evaluations (episodes that fail run to their step limit) are 1.5x.
+AFTER_PER_GENERATE = {"ablations": 2.4, "no_ablations": 0.9}
+# torch.compile's first step costs about this many eager steps (Xeon 48 s at 0.21 s; EPYC 84-135 s at
+# 0.57 s, warm or cold Inductor cache), then its steps run ~1.2x faster (1.19-1.24x except fp32 on
+# the Xeon, 1.11x: bench/results/train_cpu.json).
+COMPILE_IN_EAGER_STEPS = 230
+COMPILED_SPEEDUP = 1.2
+
+
+def time_training_step(cfg: Config, steps: int = 3) -> float:
+    """Median wall seconds of one eager training step of ``cfg`` (its model, batch size and
+    precision) on a synthetic batch, after one warm-up step. A few seconds on a 2-core CPU."""
+    import statistics
+
+    import torch
+
+    from vlastack.batch import dummy_batch
+    from vlastack.models import build_model
+    from vlastack.train.optim import build_optimizer
+    from vlastack.train.step import train_step
+
+    rng = torch.get_rng_state()
+    torch.manual_seed(0)
+    model = build_model(cfg.model)
+    opt = build_optimizer(model, cfg.train)
+    batch = dummy_batch(cfg.model, cfg.train.batch_size)
+    times = []
+    for i in range(steps + 1):
+        t = time.perf_counter()
+        train_step(model, opt, [batch], device_type="cpu", precision=cfg.train.precision)
+        if i:
+            times.append(time.perf_counter() - t)
+    torch.set_rng_state(rng)  # the real run starts from the same generator state as without this
+    return statistics.median(times)
+
+
+def fit_steps(
+    steps: int, seconds_left: float, step_s: float, compile: bool, after_s: float
+) -> tuple[int, bool, str]:
+    """(steps, compile, why): the recipe's ``steps`` where they end within ``seconds_left`` with
+    ``after_s`` still to come (preload, evaluations, report), judged from ``step_s`` (one eager step,
+    measured); else as many as do, compiled or eagerly, whichever trains more (compiling pays for
+    itself only over enough steps)."""
+    avail = seconds_left - MARGIN_S - after_s
+    eager = int(avail / step_s)
+    compiled = int((avail - COMPILE_IN_EAGER_STEPS * step_s) * COMPILED_SPEEDUP / step_s) if compile else -1
+    if max(eager, compiled) >= steps:
+        return (
+            steps,
+            compile,
+            f"{steps} steps fit in {BUDGET_MIN:.0f} minutes ({step_s:.2f} s per eager step)",
+        )
+    use_compile = compiled >= eager
+    fit = max(compiled, eager, 100)
+    how = "compiled" if use_compile else "eager (too few steps here for compiling to pay for itself)"
+    return (
+        fit,
+        use_compile,
+        (
+            f"{fit} {how} steps instead of the recipe's {steps}: an eager step takes {step_s:.2f} s on this "
+            f"CPU, and {steps} would not end within {BUDGET_MIN:.0f} minutes (`--minutes 0` or "
+            f"train.steps={steps} trains them all)"
+        ),
+    )
+
+
 def _user_set(overrides: list[str] | tuple, key: str) -> bool:
     return any(parse_override(o)[0] == ["train", key] for o in overrides)
 
@@ -149,8 +227,10 @@ def run_demo(
     eval_episodes: int | None = None,
     quick: bool = False,
     ablations: bool = True,
+    minutes: float = BUDGET_MIN,
 ) -> Path:
-    """Run the whole demo; returns the report folder."""
+    """Run the whole demo; returns the report folder. ``minutes``: the wall-time budget that sizes
+    the step count on CPUs slower than the recipe's (0: the recipe's steps, however long)."""
     import torch
 
     from vlastack.sim.evaluate import evaluate
@@ -179,13 +259,28 @@ def run_demo(
 
     _log(f"1/4 generating {episodes} expert demonstrations of the {cfg.eval.suite} suite", t0)
     data = out / "data"
+    # The data is rendered at the evaluation's size, whatever the model's: it stays the same for
+    # every recipe (the fp32 one trains 48 px), and the model resizes what it is given in training
+    # and in evaluation alike.
     gen = generate(
-        data, suite=cfg.eval.suite, episodes=episodes, workers=2, image_size=cfg.model.vision.image_size,
+        data, suite=cfg.eval.suite, episodes=episodes, workers=2, image_size=cfg.eval.image_size,
         cameras=cfg.model.camera_names, noise=DATA_NOISE, seed=0, overwrite=True,
         video_quality=VIDEO_QUALITY,
     )  # fmt: skip
     timings["generate_s"] = time.perf_counter() - t0 - timings["choose_precision_s"]
 
+    if minutes and not quick and not _user_set(overrides, "steps") and device_type == "cpu":
+        t_cal = time.perf_counter()
+        step_s = time_training_step(cfg)
+        timings["time_step_s"] = time.perf_counter() - t_cal
+        left = minutes * 60 - (time.perf_counter() - t0)
+        after_s = timings["generate_s"] * DEMO_EPISODES / episodes * cfg.eval.episodes / 100
+        after_s *= AFTER_PER_GENERATE["ablations" if ablations else "no_ablations"]
+        steps, use_compile, why_steps = fit_steps(cfg.train.steps, left, step_s, cfg.train.compile, after_s)
+        if (steps, use_compile) != (cfg.train.steps, cfg.train.compile):
+            cfg = apply_overrides(cfg, [f"train.steps={steps}", f"train.compile={str(use_compile).lower()}"])
+        why += f"; {why_steps}"
+        _log(f"   {why_steps}", t0)
     _log(f"2/4 training tiny for {cfg.train.steps} steps ({gen['frames']} frames)", t0)
     t1 = time.perf_counter()
     run = out / "run"
