@@ -88,6 +88,10 @@ def test_step_budget_keeps_the_recipe_where_it_fits_and_shrinks_it_where_not():
     assert fit_steps(2200, 10.0, 0.57, True, 200.0)[0] == 100  # never a run too short to mean anything
     assert fit_steps(60, 10.0, 0.57, True, 200.0)[0] == 60  # nor longer than the recipe's
     assert not fit_steps(2200, 10.0, 0.57, False, 200.0)[1]  # an eager recipe stays eager
+    from vlastack.apps.demo import run_demo
+
+    with pytest.raises(ValueError, match="--minutes"):
+        run_demo(minutes=-5)
 
 
 def test_step_timing_leaves_the_generator_as_it_was():

@@ -240,6 +240,8 @@ def run_demo(
     from vlastack.sim.generate import generate
     from vlastack.train.trainer import Trainer
 
+    if minutes < 0:
+        raise ValueError(f"--minutes must be 0 (no budget) or a positive number of minutes, not {minutes}")
     t0 = time.perf_counter()
     out = Path(out)
     overrides = [*(QUICK if quick else []), *overrides]
