@@ -132,9 +132,8 @@ def track(iterable, total: int | None = None, desc: str = "", unit: str = "it", 
 class EpisodeProgress:
     """Closed-loop evaluation progress: episodes/s, ETA and the success rate so far.
 
-    ``done(result)`` for in-process episodes (returns the result); ``done_future(future)`` as a
-    ``concurrent.futures`` done-callback for worker episodes (it runs on the pool's thread, hence
-    the lock)."""
+    ``done(result)`` per finished episode (returns the result); worker episodes call it from the
+    pool's thread, hence the lock."""
 
     def __init__(self, total: int, desc: str, **kw: Any) -> None:
         self.bar = Progress(total, desc, "episode", **kw)
@@ -147,10 +146,6 @@ class EpisodeProgress:
             self.ok += bool(result.get("success"))
             self.bar.update(1, success=f"{self.ok / self.n:.0%}")
         return result
-
-    def done_future(self, future) -> None:
-        if not future.cancelled() and future.exception() is None:
-            self.done(future.result())
 
     def close(self) -> None:
         self.bar.close()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from dataclasses import replace
 
 import av
 import numpy as np
@@ -180,3 +181,73 @@ def test_user_errors():
         evaluate(RandomPolicy(), episodes=1, num_workers=2)
     with pytest.raises(ValueError, match="neither 'random', 'expert' nor an existing"):
         evaluate("/no/such/ckpt", episodes=1, num_workers=0)
+
+
+class GainPolicy:
+    """A deterministic state-feedback policy with ``infer_batch``; records its batch sizes."""
+
+    batchable = True
+
+    def __init__(self, adim=4, horizon=4):
+        self.adim, self.horizon, self.batches = adim, horizon, []
+
+    def reset(self):
+        pass
+
+    def _chunk(self, obs):
+        s = np.asarray(obs["state"], np.float32)
+        a = np.tanh(np.resize(s, self.adim) * 3.0 - 0.5)
+        return {"actions": np.repeat(a[None], self.horizon, 0).astype(np.float32)}
+
+    def infer(self, obs):
+        self.batches.append(1)
+        return self._chunk(obs)
+
+    def infer_batch(self, obs_list):
+        self.batches.append(len(obs_list))
+        return [self._chunk(o) for o in obs_list]
+
+
+def test_lockstep_groups_balance_workers():
+    from vlastack.sim.evaluate import lockstep_groups
+
+    jobs = list(range(100))
+    groups = lockstep_groups(jobs, 16, 2)
+    assert (
+        len(groups) == 8 and [j for g in groups for j in g] == jobs and {len(g) for g in groups} <= {12, 13}
+    )
+    assert lockstep_groups(jobs[:3], 16, 2) == [[0, 1], [2]]
+    assert lockstep_groups(jobs[:5], 16, 1) == [jobs[:5]]
+
+
+def test_lockstep_equals_one_at_a_time(tmp_path):
+    """Episodes side by side (``batch_episodes``) give the episodes one at a time would, frames too."""
+    kw = dict(episodes=6, num_workers=0, max_steps=25, steps_per_chunk=2, cameras=("scene",))
+    one, side = GainPolicy(), GainPolicy()
+    a = evaluate(one, out_dir=tmp_path / "a", videos=2, **kw)
+    b = evaluate(side, out_dir=tmp_path / "b", videos=2, batch_episodes=4, **kw)
+    assert a["episodes"] == b["episodes"] and a["config"]["batch_episodes"] == 1
+    assert b["config"]["batch_episodes"] == 4
+    assert set(one.batches) == {1} and max(side.batches) == 3  # 6 episodes in two groups of 3
+    assert len(one.batches) > 2 * len(side.batches)
+    for x, y in zip(a["videos"], b["videos"], strict=True):
+        assert os.path.basename(x) == os.path.basename(y)
+    # Not batchable (no flag): the same evaluation, one at a time.
+    plain = QueryPolicy(horizon=8)
+    res = evaluate(plain, tasks=("reach",), batch_episodes=4, videos=0, **{**kw, "episodes": 2})
+    assert res["overall"]["n"] == 2
+
+
+def test_lockstep_workers_real_policy(tmp_path):
+    """A real tiny checkpoint through worker processes, side by side: every episode, in order."""
+    from vlastack.config import load_config
+    from vlastack.models import build_model
+
+    cfg = replace(load_config("tiny").model, state_dim=5, action_dim=4)  # the built-in suite's
+    build_model(cfg).save_pretrained(tmp_path)
+    res = evaluate(
+        str(tmp_path), episodes=6, num_workers=2, batch_episodes=3, max_steps=6, videos=0,
+        cameras=cfg.camera_names,
+    )  # fmt: skip
+    assert [e["seed"] for e in res["episodes"]] == list(range(1_000_000, 1_000_006))
+    assert all(e["steps"] == 6 for e in res["episodes"]) and res["config"]["batch_episodes"] == 3

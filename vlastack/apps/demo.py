@@ -106,16 +106,25 @@ def cxx_compiler() -> str | None:
 BUDGET_MIN = 15.0
 MARGIN_S = 20.0
 # After training starts: preloading the frames, the evaluations and the report. They run the
-# simulator as generation does, so they are sized from the measured generation time: preload +
-# evaluations + report took 2.4x the generation of 2000 episodes on both machines (Xeon 15 + 72 + 5 s
-# after 38 s; EPYC 25 + 201 + 5 s after 96 s), of which the blank-image and replaced-instruction
-# evaluations (episodes that fail run to their step limit) are 1.5x.
-AFTER_PER_GENERATE = {"ablations": 2.4, "no_ablations": 0.9}
-# torch.compile's first step costs about this many eager steps (Xeon 48 s at 0.21 s; EPYC 84-135 s at
-# 0.57 s, warm or cold Inductor cache), then its steps run ~1.2x faster (1.19-1.24x except fp32 on
-# the Xeon, 1.11x: bench/results/train_cpu.json).
-COMPILE_IN_EAGER_STEPS = 230
-COMPILED_SPEEDUP = 1.2
+# simulator as generation does, so they are sized from the measured generation time. On the AVX2
+# EPYC (2026-11-27), with the evaluations' episodes side by side (eval.batch_episodes): preload 30 s
+# + evaluations 104 s + report 2 s after 100 s of generation, 1.36x; 0.72x without the blank-image
+# and replaced-instruction evaluations (episodes that fail run to their step limit). One at a time
+# they were 2.4x (Xeon 15 + 72 + 5 s after 38 s; EPYC 25 + 201 + 5 s after 96 s).
+AFTER_PER_GENERATE = {"ablations": 1.4, "no_ablations": 0.75}
+# Training steps, in units of the measured probe (three eager steps on a synthetic batch), per
+# recipe precision, i.e. per CPU kind (bf16 runs where bf16 is native, fp32 on AVX2-only CPUs):
+# ``first``, the first compiled step with a cold Inductor cache (a first run; less from the cache);
+# ``compiled`` and ``eager``, a training step on real batches. fp32 on the AVX2 EPYC (2026-11-27,
+# 48 px): probe 0.28 s, first compiled step 123 s, compiled steps 0.28-0.29 s, eager 0.325 s (the
+# probe is optimistic). bf16 on the Xeon (2026-11-25): probe ~0.21 s, first step 48 s, compiled
+# steps ~0.17 s.
+STEP_OVER_PROBE = {
+    "fp32": {"first": 440, "compiled": 1.0, "eager": 1.15},
+    "bf16": {"first": 230, "compiled": 0.83, "eager": 1.0},
+}
+# Compiling pays where its cheaper steps repay the first one (``compile_pays``): the fp32 recipe's
+# 2200 steps on the EPYC took 770 s compiled with a cold cache against ~715 s eager.
 
 
 def time_training_step(cfg: Config, steps: int = 3) -> float:
@@ -145,26 +154,37 @@ def time_training_step(cfg: Config, steps: int = 3) -> float:
     return statistics.median(times)
 
 
-def training_and_after_s(steps: int, step_s: float, compile: bool, after_s: float) -> float:
-    """Predicted wall seconds from the first training step to the report, from one eager step."""
+def training_and_after_s(
+    steps: int, step_s: float, compile: bool, after_s: float, precision: str = "fp32"
+) -> float:
+    """Predicted wall seconds from the first training step to the report, from the probe ``step_s``."""
+    k = STEP_OVER_PROBE[precision]
     if compile:
-        return COMPILE_IN_EAGER_STEPS * step_s + steps * step_s / COMPILED_SPEEDUP + after_s
-    return steps * step_s + after_s
+        return (k["first"] + steps * k["compiled"]) * step_s + after_s
+    return steps * k["eager"] * step_s + after_s
+
+
+def compile_pays(steps: int, precision: str) -> bool:
+    """Whether ``steps`` compiled steps, the cold first one included, end before eager ones."""
+    k = STEP_OVER_PROBE[precision]
+    return k["first"] + steps * k["compiled"] < steps * k["eager"]
 
 
 def fit_steps(
-    steps: int, seconds_left: float, step_s: float, compile: bool, after_s: float
+    steps: int, seconds_left: float, step_s: float, compile: bool, after_s: float, precision: str = "fp32"
 ) -> tuple[int, bool, str]:
     """(steps, compile, why): the recipe's ``steps`` where they end within ``seconds_left`` with
-    ``after_s`` still to come (preload, evaluations, report), judged from ``step_s`` (one eager step,
-    measured); else as many as do, compiled or eagerly, whichever trains more (compiling pays for
-    itself only over enough steps)."""
+    ``after_s`` still to come (preload, evaluations, report), judged from ``step_s`` (the eager
+    probe, measured); else as many as do, compiled or eagerly, whichever trains more (compiling
+    pays for itself only over enough steps)."""
+    k = STEP_OVER_PROBE[precision]
     avail = seconds_left - MARGIN_S - after_s
-    eager = int(avail / step_s)
-    compiled = int((avail - COMPILE_IN_EAGER_STEPS * step_s) * COMPILED_SPEEDUP / step_s) if compile else -1
+    eager = int(avail / (k["eager"] * step_s))
+    compiled = int((avail - k["first"] * step_s) / (k["compiled"] * step_s)) if compile else -1
     budget = f"{seconds_left / 60:.0f} minutes"
     if max(eager, compiled) >= steps:
-        return steps, compile, f"{steps} steps fit in the {budget} left ({step_s:.2f} s per eager step)"
+        use_compile = compile and compiled >= steps and compile_pays(steps, precision)
+        return steps, use_compile, f"{steps} steps fit in the {budget} left ({step_s:.2f} s per eager step)"
     use_compile = compile and compiled >= eager
     fit = min(steps, max(compiled, eager, 100))  # never a run too short to mean anything
     how = "compiled" if use_compile else "eager (too few steps here for compiling to pay for itself)"
@@ -203,12 +223,20 @@ class AblatedPolicy:
     def reset(self) -> None:
         self.inner.reset()
 
-    def infer(self, obs: dict) -> dict[str, np.ndarray]:
+    @property
+    def batchable(self) -> bool:
+        return self.inner.batchable
+
+    def _alter(self, obs: dict) -> dict:
         if self.mode == "blank_images":
-            obs = {**obs, "images": {k: np.zeros_like(v) for k, v in obs["images"].items()}}
-        else:
-            obs = {**obs, "prompt": REPLACED_PROMPT}
-        return self.inner.infer(obs)
+            return {**obs, "images": {k: np.zeros_like(v) for k, v in obs["images"].items()}}
+        return {**obs, "prompt": REPLACED_PROMPT}
+
+    def infer(self, obs: dict) -> dict[str, np.ndarray]:
+        return self.inner.infer(self._alter(obs))
+
+    def infer_batch(self, obs_list: list[dict]) -> list[dict[str, np.ndarray]]:
+        return self.inner.infer_batch([self._alter(o) for o in obs_list])
 
 
 def ablated(path: str, mode: str) -> AblatedPolicy:
@@ -257,7 +285,7 @@ def run_demo(
         cfg = apply_overrides(cfg, ["train.compile=false", f"train.steps={steps}"])
         why += "; no C++ compiler found (c++, g++ or clang++), so no torch.compile and the eager step budget"
     elif cfg.train.compile:
-        why += "; torch.compile of the training step (~40 s at the first step, then ~1.1-1.25x faster steps)"
+        why += "; torch.compile of the training step (~40-130 s at the first step, less from the cache, then ~1.1-1.4x faster steps)"
     timings: dict[str, float] = {"choose_precision_s": time.perf_counter() - t0}
     _log(f"precision {cfg.train.precision}, {cfg.train.steps} steps: {why}", t0)
     episodes = episodes or (40 if quick else DEMO_EPISODES)
@@ -281,22 +309,27 @@ def run_demo(
         elapsed = time.perf_counter() - t0
         after_s = timings["generate_s"] * DEMO_EPISODES / episodes * cfg.eval.episodes / 100
         after_s *= AFTER_PER_GENERATE["ablations" if ablations else "no_ablations"]
+        prec = cfg.train.precision
         if minutes:
             steps, use_compile, why_steps = fit_steps(
-                cfg.train.steps, minutes * 60 - elapsed, step_s, cfg.train.compile, after_s
+                cfg.train.steps, minutes * 60 - elapsed, step_s, cfg.train.compile, after_s, prec
             )
-            if (steps, use_compile) != (cfg.train.steps, cfg.train.compile):
-                cfg = apply_overrides(
-                    cfg, [f"train.steps={steps}", f"train.compile={str(use_compile).lower()}"]
-                )
         else:
-            total = elapsed + training_and_after_s(cfg.train.steps, step_s, cfg.train.compile, after_s)
+            steps = cfg.train.steps
+            use_compile = cfg.train.compile and compile_pays(steps, prec)
+            if _user_set(overrides, "compile"):
+                use_compile = cfg.train.compile  # the user's choice stands
+            total = elapsed + training_and_after_s(steps, step_s, use_compile, after_s, prec)
             why_steps = f"about {total / 60:.0f} min in all on this CPU ({step_s:.2f} s per eager step)"
+            if cfg.train.compile and not use_compile:
+                why_steps += "; eager steps: here compiling would cost more than its faster steps save"
             if total > BUDGET_MIN * 60:
                 why_steps += (
                     f"; `--minutes {BUDGET_MIN:.0f}` trains fewer steps to end sooner, at lower success "
                     "(docs/first-run.md)"
                 )
+        if (steps, use_compile) != (cfg.train.steps, cfg.train.compile):
+            cfg = apply_overrides(cfg, [f"train.steps={steps}", f"train.compile={str(use_compile).lower()}"])
         why += f"; {why_steps}"
         _log(f"   {why_steps}", t0)
     _log(f"2/4 training tiny for {cfg.train.steps} steps ({gen['frames']} frames)", t0)
@@ -316,7 +349,7 @@ def run_demo(
     kw = dict(
         suite=e.suite, tasks=e.tasks, episodes=e.episodes, seed=e.seed, num_workers=e.num_workers,
         steps_per_chunk=e.steps_per_chunk, temporal_ensemble=e.temporal_ensemble,
-        image_size=e.image_size, cameras=cfg.model.camera_names,
+        image_size=e.image_size, cameras=cfg.model.camera_names, batch_episodes=e.batch_episodes,
     )  # fmt: skip
     report = out / "report"
     shutil.rmtree(report, ignore_errors=True)

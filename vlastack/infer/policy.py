@@ -188,6 +188,13 @@ class Policy:
         return "unspecified" if rep == "auto" else rep
 
     @property
+    def batchable(self) -> bool:
+        """Whether queries of different episodes may share one ``infer_batch`` call (evaluation's
+        ``batch_episodes``): a flow head carries nothing from one query to the next; a token head
+        keeps its last valid chunk for ``invalid_decode=repeat_last``."""
+        return not self.cfg.head_spec.action_tokens
+
+    @property
     def replan_steps(self) -> int:
         return self.chunker.replan_steps
 

@@ -25,6 +25,8 @@ smoothness (the action jump at chunk boundaries) to the results.
 
 from __future__ import annotations
 
+import functools
+import itertools
 import json
 import math
 import multiprocessing as mp
@@ -116,6 +118,69 @@ def run_episode(
     return out
 
 
+def batchable(policy: Any) -> bool:
+    """Whether ``run_lockstep`` may batch this policy's queries: it has ``infer_batch`` and says so
+    (a vlastack flow ``Policy``: no state carried across queries; token heads keep the last valid
+    chunk, the expert reads its own env)."""
+    return bool(getattr(policy, "batchable", False)) and hasattr(policy, "infer_batch")
+
+
+def run_lockstep(
+    envs: list,
+    policy,
+    name: str,
+    jobs: list[tuple[int, str, int, bool]],
+    steps_per_chunk: int = 8,
+    temporal_ensemble: float = 0.0,
+    on_done=None,
+) -> list[dict[str, Any]]:
+    """``run_episode`` for several episodes side by side, one env each (``jobs``: (episode, task,
+    seed, record)): every step, the episodes that need a chunk are queried in one
+    ``policy.infer_batch`` call. Synchronous execution only. Returns the results in ``jobs`` order."""
+    assert len(envs) == len(jobs), (len(envs), len(jobs))
+    policy.reset()
+    runs = []
+    for env, (i, task, seed, record) in zip(envs, jobs, strict=True):
+        obs, _ = env.reset(seed=seed)
+        runs.append({"env": env, "obs": obs, "episode": i, "task": task, "seed": seed, "t": 0,
+                     "invalid": 0, "frames": [_video_frame(obs)] if record else None,
+                     "chunker": ActionChunker(steps_per_chunk, temporal_ensemble), "out": None})  # fmt: skip
+    while active := [r for r in runs if r["out"] is None]:
+        asking = [r for r in active if r["chunker"].needs_chunk()]
+        replies = policy.infer_batch([r["obs"] for r in asking]) if asking else []
+        for r, reply in zip(asking, replies, strict=True):
+            adim = r["env"].action_space.shape[0]
+            where = f"step {r['t']} of episode {r['episode']} (task {r['task']}, seed {r['seed']})"
+            r["chunker"].add(check_actions(reply, adim, name, where))
+            r["invalid"] += int(isinstance(reply, dict) and reply.get("valid", True) is False)
+        for r in active:
+            obs, _, terminated, truncated, info = r["env"].step(r["chunker"].next_action().astype(np.float32))
+            r["obs"], r["t"] = obs, r["t"] + 1
+            if r["frames"] is not None:
+                r["frames"].append(_video_frame(obs))
+            if terminated or truncated:
+                r["out"] = {
+                    "episode": r["episode"], "task": r["task"], "seed": r["seed"], "prompt": obs["prompt"],
+                    "success": bool(info.get("success", terminated)), "steps": r["t"],
+                    "invalid_chunks": r["invalid"],
+                }  # fmt: skip
+                if r["frames"] is not None:
+                    r["out"]["frames"] = np.stack(r["frames"])
+                if on_done is not None:
+                    on_done(r["out"])
+    return [r["out"] for r in runs]
+
+
+def lockstep_groups(jobs: list, batch: int, workers: int) -> list[list]:
+    """``jobs`` cut into groups of at most ``batch``, as many as a multiple of ``workers`` (each
+    worker gets the same share), of near-equal sizes."""
+    n = -(-len(jobs) // batch)
+    n = min(len(jobs), -(-n // max(1, workers)) * max(1, workers))
+    base, extra = divmod(len(jobs), n)
+    bounds = np.cumsum([0] + [base + (k < extra) for k in range(n)])
+    return [jobs[a:b] for a, b in itertools.pairwise(bounds)]
+
+
 def _video_frame(obs: dict, max_side: int = 160) -> np.ndarray:
     """The first camera's frame for a video, strided down to at most ``max_side`` px (a 500-step
     Meta-World episode at 480 px would hold 345 MB)."""
@@ -178,19 +243,50 @@ def _episode_job(
 ) -> dict:
     from vlastack.sim.env import make_env
 
-    if "policy" not in _WORKER:
-        _WORKER["policy"] = build_policy(spec)
-        if "torch" in __import__("sys").modules:
-            import torch
-
-            torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+    policy = _worker_policy(spec)
     envs = _WORKER.setdefault("envs", {})
     if task not in envs:
         envs[task] = make_env(task, **env_kw)
         # Closed before the interpreter tears down: robosuite's EGL contexts complain when freed late.
         __import__("atexit").register(_close_at_exit, envs[task])
     run_kw = {**run_kw, "record": record}
-    return run_episode(envs[task], _WORKER["policy"], policy_name(spec), seed, episode=episode, **run_kw)
+    return run_episode(envs[task], policy, policy_name(spec), seed, episode=episode, **run_kw)
+
+
+def _worker_policy(spec: PolicySpec) -> Any:
+    """This worker's policy, built from ``spec`` on first use."""
+    if "policy" not in _WORKER:
+        _WORKER["policy"] = build_policy(spec)
+        if "torch" in __import__("sys").modules:
+            import torch
+
+            torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+    return _WORKER["policy"]
+
+
+def _group_job(spec: PolicySpec, env_kw: dict, run_kw: dict, group: list) -> list[dict]:
+    """A worker's share under ``eval.batch_episodes``: ``group`` side by side (``run_lockstep``)
+    where the policy allows it, else one at a time."""
+    from vlastack.sim.env import make_env
+
+    policy = _worker_policy(spec)
+    if not batchable(policy):
+        return [_episode_job(spec, env_kw, run_kw, *j) for j in group]
+    envs = _WORKER.setdefault("slot_envs", {})
+    mine, seen = [], {}
+    for _, task, _, _ in group:
+        key = (task, seen.setdefault(task, 0))
+        seen[task] += 1
+        if key not in envs:
+            envs[key] = make_env(task, **env_kw)
+            __import__("atexit").register(_close_at_exit, envs[key])
+        mine.append(envs[key])
+    keep = {(t, k) for t, n in seen.items() for k in range(n)}
+    for key in [k for k in envs if k not in keep]:  # a task no longer in play: free its renderers
+        _close_at_exit(envs.pop(key))
+    return run_lockstep(
+        mine, policy, policy_name(spec), group, run_kw["steps_per_chunk"], run_kw["temporal_ensemble"]
+    )
 
 
 def _close_at_exit(env) -> None:
@@ -268,19 +364,33 @@ def evaluate(
     name = policy_name(policy_factory)
     t0 = time.perf_counter()
     bar = EpisodeProgress(len(jobs), f"eval {name}")
+    ex = cfg.execution
+    lockstep = cfg.batch_episodes > 1 and ex.method == "sync" and ex.delay == 0
     if num_workers == 0:
         from vlastack.sim.env import make_env
 
         policy = build_policy(policy_factory)
-        envs = {t: make_env(t, **env_kw) for t in names}
-        results = [
-            bar.done(run_episode(envs[t], policy, name, s, episode=i, record=r, **run_kw))
-            for i, t, s, r in jobs
-        ]
-        for e in envs.values():
-            e.close()
+        if lockstep and batchable(policy):
+            results = []
+            for group in lockstep_groups(jobs, cfg.batch_episodes, 1):
+                envs_g = [make_env(t, **env_kw) for _, t, _, _ in group]
+                results += run_lockstep(envs_g, policy, name, group, cfg.steps_per_chunk,
+                                        cfg.temporal_ensemble, on_done=bar.done)  # fmt: skip
+                for e in envs_g:
+                    e.close()
+        else:
+            envs = {t: make_env(t, **env_kw) for t in names}
+            results = [
+                bar.done(run_episode(envs[t], policy, name, s, episode=i, record=r, **run_kw))
+                for i, t, s, r in jobs
+            ]
+            for e in envs.values():
+                e.close()
     else:
-        results = _run_parallel(policy_factory, env_kw, run_kw, jobs, num_workers, name, bar.done_future)
+        batch = cfg.batch_episodes if lockstep else 1
+        results = _run_parallel(
+            policy_factory, env_kw, run_kw, jobs, num_workers, name, bar.done, batch=batch
+        )
     bar.close()
     wall = time.perf_counter() - t0
     res = summarize(results, names, name, cfg.suite, wall)
@@ -290,7 +400,7 @@ def evaluate(
         "render_quality": cfg.render_quality, "max_steps": cfg.max_steps, "num_workers": num_workers,
         "steps_per_chunk": cfg.steps_per_chunk, "temporal_ensemble": cfg.temporal_ensemble,
         "image_size": cfg.image_size, "cameras": list(cameras), "execution": asdict(cfg.execution),
-        "action_representation": representation,
+        "action_representation": representation, "batch_episodes": cfg.batch_episodes if lockstep else 1,
     }  # fmt: skip
     if "camera_map" in env_kw:
         res["config"]["camera_map"] = env_kw["camera_map"]
@@ -401,13 +511,24 @@ def check_train_overlap(spec: Any, suite: str, pairs: list[tuple[str, int]]) -> 
             "max_seed": max(seeds, default=None), "overlap": 0}  # fmt: skip
 
 
-def _run_parallel(spec, env_kw, run_kw, jobs, num_workers, name, on_done=None) -> list[dict]:
+def _run_parallel(
+    spec, env_kw, run_kw, jobs, num_workers, name, on_result=None, batch: int = 1
+) -> list[dict]:
+    """``jobs`` over ``num_workers`` spawned processes, one episode per task, or with ``batch`` > 1
+    groups of episodes (``lockstep_groups``) that each worker runs side by side. ``on_result``:
+    called with each episode's result as it arrives (on the pool's thread)."""
     threads = max(1, (os.cpu_count() or 1) // num_workers)
     ctx = mp.get_context("spawn")
     ex = ProcessPoolExecutor(num_workers, mp_context=ctx, initializer=_init_worker, initargs=(threads,))
-    futs = {ex.submit(_episode_job, spec, env_kw, run_kw, *j): j for j in jobs}
-    for f in futs if on_done else ():
-        f.add_done_callback(on_done)
+    if batch > 1:
+        futs = {
+            ex.submit(_group_job, spec, env_kw, run_kw, g): g[0]
+            for g in lockstep_groups(jobs, batch, num_workers)
+        }
+    else:
+        futs = {ex.submit(_episode_job, spec, env_kw, run_kw, *j): j for j in jobs}
+    for f in futs if on_result else ():
+        f.add_done_callback(functools.partial(_each_done, on_result))
     try:
         done, _ = wait(futs, return_when=FIRST_EXCEPTION)
         for f in done:
@@ -422,9 +543,21 @@ def _run_parallel(spec, env_kw, run_kw, jobs, num_workers, name, on_done=None) -
                 ) from exc
             if exc is not None:
                 raise exc
-        return sorted((f.result() for f in futs), key=lambda r: r["episode"])
+        results = [f.result() for f in futs]
+        if batch > 1:
+            results = [r for group in results for r in group]
+        return sorted(results, key=lambda r: r["episode"])
     finally:
         ex.shutdown(wait=True, cancel_futures=True)
+
+
+def _each_done(on_result, future) -> None:
+    """A finished job's future (one episode, or a group's list of them) -> ``on_result`` per episode."""
+    if future.cancelled() or future.exception() is not None:
+        return
+    res = future.result()
+    for r in res if isinstance(res, list) else [res]:
+        on_result(r)
 
 
 def summarize(results: list[dict], tasks: tuple[str, ...], name: str, suite: str, wall_s: float) -> dict:

@@ -289,7 +289,7 @@ class Trainer:
         self.compiled = bool(t.compile)
         self._compile_checked = False  # the first compiled step may fall back to eager
         if t.compile:
-            apply_compile(model, regional=t.parallel == "fsdp")
+            apply_compile(model, regional=t.parallel == "fsdp" or t.compile_scope == "blocks")
         self.model = model  # the unwrapped module (FSDP2 shards it in place)
         if t.parallel == "ddp":
             self.wrapped = apply_ddp(model, self.device)
