@@ -6,7 +6,8 @@ Steps: (1) the scripted expert writes a LeRobot v3 dataset of the built-in suite
 (2) the ``tiny`` preset with the demo recipe trains on it: vlastack/configs/demo.yaml (bf16
 autocast) where a start-up micro-benchmark finds bf16 matmuls clearly faster than fp32 (CPUs with
 avx512_bf16/AMX, GPUs), else with demo_fp32.yaml on top; ``train.precision=...`` overrides. It
-says how long the run will take from a measured step; with ``--minutes N``, a CPU too slow for the
+says how long the run will take from a measured step, and compiles the step only where that pays
+for the first, compiling step (``compile_pays``); with ``--minutes N``, a CPU too slow for the
 recipe's steps to end within N minutes trains fewer (``fit_steps``); (3) the final policy is evaluated on
 ``eval.episodes`` episodes with seeds from ``eval.seed`` (1,000,000: never used for data), beside
 the random policy and the scripted expert, and twice more with its camera images blanked and
@@ -158,7 +159,7 @@ def training_and_after_s(
     steps: int, step_s: float, compile: bool, after_s: float, precision: str = "fp32"
 ) -> float:
     """Predicted wall seconds from the first training step to the report, from the probe ``step_s``."""
-    k = STEP_OVER_PROBE[precision]
+    k = STEP_OVER_PROBE.get(precision, STEP_OVER_PROBE["fp32"])
     if compile:
         return (k["first"] + steps * k["compiled"]) * step_s + after_s
     return steps * k["eager"] * step_s + after_s
@@ -166,7 +167,7 @@ def training_and_after_s(
 
 def compile_pays(steps: int, precision: str) -> bool:
     """Whether ``steps`` compiled steps, the cold first one included, end before eager ones."""
-    k = STEP_OVER_PROBE[precision]
+    k = STEP_OVER_PROBE.get(precision, STEP_OVER_PROBE["fp32"])
     return k["first"] + steps * k["compiled"] < steps * k["eager"]
 
 
@@ -177,7 +178,7 @@ def fit_steps(
     ``after_s`` still to come (preload, evaluations, report), judged from ``step_s`` (the eager
     probe, measured); else as many as do, compiled or eagerly, whichever trains more (compiling
     pays for itself only over enough steps)."""
-    k = STEP_OVER_PROBE[precision]
+    k = STEP_OVER_PROBE.get(precision, STEP_OVER_PROBE["fp32"])
     avail = seconds_left - MARGIN_S - after_s
     eager = int(avail / (k["eager"] * step_s))
     compiled = int((avail - k["first"] * step_s) / (k["compiled"] * step_s)) if compile else -1
