@@ -217,7 +217,7 @@ def test_lockstep_groups_balance_workers():
         len(groups) == 8 and [j for g in groups for j in g] == jobs and {len(g) for g in groups} <= {12, 13}
     )
     assert lockstep_groups(jobs[:3], 16, 2) == [[0, 1], [2]]
-    assert lockstep_groups(jobs[:5], 16, 1) == [jobs[:5]]
+    assert lockstep_groups(jobs[:5], 16, 1) == [jobs[:5]] and lockstep_groups([], 16, 2) == []
 
 
 def test_lockstep_equals_one_at_a_time(tmp_path):

@@ -174,6 +174,8 @@ def run_lockstep(
 def lockstep_groups(jobs: list, batch: int, workers: int) -> list[list]:
     """``jobs`` cut into groups of at most ``batch``, as many as a multiple of ``workers`` (each
     worker gets the same share), of near-equal sizes."""
+    if not jobs:
+        return []
     n = -(-len(jobs) // batch)
     n = min(len(jobs), -(-n // max(1, workers)) * max(1, workers))
     base, extra = divmod(len(jobs), n)
