@@ -75,47 +75,18 @@ def run_episode(
 ) -> dict[str, Any]:
     """One closed-loop episode. Returns {task, seed, prompt, success, steps, [frames uint8 [T,H,W,3]]}
     (+ the execution stats: boundary jumps, starved and paused steps, with ``execution``)."""
-    obs, info = env.reset(seed=seed)
+    if execution is None or (execution.method == "sync" and execution.delay == 0):
+        task = getattr(env, "task_name", "?")
+        job = (episode, task, seed, record)
+        return run_lockstep([env], policy, name, [job], steps_per_chunk, temporal_ensemble)[0]
+    obs, _ = env.reset(seed=seed)
     if hasattr(policy, "reset"):
         policy.reset()
     if getattr(policy, "needs_env", False):
         policy.bind_env(env)
-    adim = env.action_space.shape[0]
-    task = getattr(env, "task_name", "?")
     frames = [_video_frame(obs)] if record else []
-    if execution is not None and (execution.method != "sync" or execution.delay != 0):
-        return _realtime_episode(env, obs, policy, name, seed, steps_per_chunk, temporal_ensemble,
-                                 frames, episode, execution)  # fmt: skip
-    chunker = ActionChunker(steps_per_chunk, temporal_ensemble)
-    success, t, invalid = False, 0, 0
-    while True:
-        if chunker.needs_chunk():
-            where = f"step {t} of episode {episode} (task {task}, seed {seed})"
-            reply = policy.infer(obs)
-            chunker.add(check_actions(reply, adim, name, where))
-            # Token heads say when tokens did not decode to a chunk; it still runs (as a robot
-            # stack with no fallback would), but is counted so it cannot pass unnoticed.
-            invalid += int(isinstance(reply, dict) and reply.get("valid", True) is False)
-        action = chunker.next_action()
-        obs, _, terminated, truncated, info = env.step(action.astype(np.float32))
-        t += 1
-        if record:
-            frames.append(_video_frame(obs))
-        if terminated or truncated:
-            success = bool(info.get("success", terminated))
-            break
-    out = {
-        "episode": episode,
-        "task": task,
-        "seed": seed,
-        "prompt": obs["prompt"],
-        "success": success,
-        "steps": t,
-        "invalid_chunks": invalid,
-    }
-    if record:
-        out["frames"] = np.stack(frames)
-    return out
+    return _realtime_episode(env, obs, policy, name, seed, steps_per_chunk, temporal_ensemble,
+                             frames, episode, execution)  # fmt: skip
 
 
 def batchable(policy: Any) -> bool:
@@ -134,20 +105,30 @@ def run_lockstep(
     temporal_ensemble: float = 0.0,
     on_done=None,
 ) -> list[dict[str, Any]]:
-    """``run_episode`` for several episodes side by side, one env each (``jobs``: (episode, task,
-    seed, record)): every step, the episodes that need a chunk are queried in one
-    ``policy.infer_batch`` call. Synchronous execution only. Returns the results in ``jobs`` order."""
+    """Closed-loop episodes side by side, one env each (``jobs``: (episode, task, seed, record)):
+    every step, the episodes that need a chunk are queried in one ``policy.infer_batch`` call (one
+    episode: ``policy.infer``; that is ``run_episode``). Synchronous execution only. Returns the
+    results in ``jobs`` order."""
     assert len(envs) == len(jobs), (len(envs), len(jobs))
-    policy.reset()
+    if len(envs) > 1 and not batchable(policy):
+        raise ValueError(f"policy {name!r} cannot run episodes side by side (not batchable)")
     runs = []
     for env, (i, task, seed, record) in zip(envs, jobs, strict=True):
         obs, _ = env.reset(seed=seed)
+        task = getattr(env, "task_name", task)  # the env's own name, as run_episode always reported
         runs.append({"env": env, "obs": obs, "episode": i, "task": task, "seed": seed, "t": 0,
                      "invalid": 0, "frames": [_video_frame(obs)] if record else None,
                      "chunker": ActionChunker(steps_per_chunk, temporal_ensemble), "out": None})  # fmt: skip
+    if hasattr(policy, "reset"):
+        policy.reset()
+    if getattr(policy, "needs_env", False):
+        policy.bind_env(envs[0])  # one env: a batchable policy never needs one
     while active := [r for r in runs if r["out"] is None]:
         asking = [r for r in active if r["chunker"].needs_chunk()]
-        replies = policy.infer_batch([r["obs"] for r in asking]) if asking else []
+        if len(runs) > 1:
+            replies = policy.infer_batch([r["obs"] for r in asking]) if asking else []
+        else:
+            replies = [policy.infer(r["obs"]) for r in asking]
         for r, reply in zip(asking, replies, strict=True):
             adim = r["env"].action_space.shape[0]
             where = f"step {r['t']} of episode {r['episode']} (task {r['task']}, seed {r['seed']})"
