@@ -133,6 +133,8 @@ def run_lockstep(
             adim = r["env"].action_space.shape[0]
             where = f"step {r['t']} of episode {r['episode']} (task {r['task']}, seed {r['seed']})"
             r["chunker"].add(check_actions(reply, adim, name, where))
+            # Token heads say when tokens did not decode to a chunk; it still runs (as a robot
+            # stack with no fallback would), but is counted so it cannot pass unnoticed.
             r["invalid"] += int(isinstance(reply, dict) and reply.get("valid", True) is False)
         for r in active:
             obs, _, terminated, truncated, info = r["env"].step(r["chunker"].next_action().astype(np.float32))
@@ -250,26 +252,34 @@ def _worker_policy(spec: PolicySpec) -> Any:
 def _group_job(spec: PolicySpec, env_kw: dict, run_kw: dict, group: list) -> list[dict]:
     """A worker's share under ``eval.batch_episodes``: ``group`` side by side (``run_lockstep``)
     where the policy allows it, else one at a time."""
-    from vlastack.sim.env import make_env
 
     policy = _worker_policy(spec)
     if not batchable(policy):
         return [_episode_job(spec, env_kw, run_kw, *j) for j in group]
-    envs = _WORKER.setdefault("slot_envs", {})
+    mine = group_envs(_WORKER.setdefault("slot_envs", {}), group, env_kw, at_exit=True)
+    return run_lockstep(
+        mine, policy, policy_name(spec), group, run_kw["steps_per_chunk"], run_kw["temporal_ensemble"]
+    )
+
+
+def group_envs(cache: dict, group: list, env_kw: dict, at_exit: bool = False) -> list:
+    """One env per episode of ``group``, kept in ``cache`` by (task, slot) for the next group;
+    the envs of tasks no longer in play are closed (their renderers freed)."""
+    from vlastack.sim.env import make_env
+
     mine, seen = [], {}
     for _, task, _, _ in group:
         key = (task, seen.setdefault(task, 0))
         seen[task] += 1
-        if key not in envs:
-            envs[key] = make_env(task, **env_kw)
-            __import__("atexit").register(_close_at_exit, envs[key])
-        mine.append(envs[key])
+        if key not in cache:
+            cache[key] = make_env(task, **env_kw)
+            if at_exit:  # a worker's envs: closed before the interpreter tears down
+                __import__("atexit").register(_close_at_exit, cache[key])
+        mine.append(cache[key])
     keep = {(t, k) for t, n in seen.items() for k in range(n)}
-    for key in [k for k in envs if k not in keep]:  # a task no longer in play: free its renderers
-        _close_at_exit(envs.pop(key))
-    return run_lockstep(
-        mine, policy, policy_name(spec), group, run_kw["steps_per_chunk"], run_kw["temporal_ensemble"]
-    )
+    for key in [k for k in cache if k not in keep]:
+        _close_at_exit(cache.pop(key))
+    return mine
 
 
 def _close_at_exit(env) -> None:
@@ -354,13 +364,13 @@ def evaluate(
 
         policy = build_policy(policy_factory)
         if lockstep and batchable(policy):
-            results = []
+            results, cache = [], {}
             for group in lockstep_groups(jobs, cfg.batch_episodes, 1):
-                envs_g = [make_env(t, **env_kw) for _, t, _, _ in group]
+                envs_g = group_envs(cache, group, env_kw)
                 results += run_lockstep(envs_g, policy, name, group, cfg.steps_per_chunk,
                                         cfg.temporal_ensemble, on_done=bar.done)  # fmt: skip
-                for e in envs_g:
-                    e.close()
+            for e in cache.values():
+                e.close()
         else:
             envs = {t: make_env(t, **env_kw) for t in names}
             results = [
