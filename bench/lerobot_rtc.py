@@ -107,7 +107,7 @@ def known_issues(path: str, rep: str, d: int = 2) -> dict:
     from vlastack.sim.env import make_env
 
     lr = LeRobotRTCPolicy(path, "EXP", 5.0)  # before the renderer: triton's import crashes after it
-    env = make_env("reach_moving", cameras=ours.CAMERAS, seed=1_000_000, action_representation=rep)
+    env = make_env(ours.DYNAMIC[0], cameras=ours.CAMERAS, seed=1_000_000, action_representation=rep)
     obs, _ = env.reset(seed=1_000_000)
     env.close()
     req = {**obs, "action_prefix": lr.policy.infer(obs)["actions"][d:], "inference_delay": d}
@@ -175,7 +175,10 @@ def main() -> None:
     ap.add_argument("--protocol", choices=sorted(ours.PROTOCOLS), default="published")
     ap.add_argument("--episodes", type=int, default=ours.EVAL_EPISODES, help="per task, delay and s")
     ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--tasks", choices=sorted(ours.TASK_SETS), default="dynamic", help="as bench/rtc.py's")
+    ap.add_argument("--goal-s-only", action="store_true", help="evaluate only s = the goal horizon")
     args = ap.parse_args()
+    ours.use_task_set(args.tasks)
     from bench.common import RESULTS, write_results
     from vlastack.config import EvalConfig, ExecutionConfig
     from vlastack.sim.evaluate import evaluate
@@ -188,7 +191,7 @@ def main() -> None:
     for label, kw in SETTINGS.items():
         factory = functools.partial(make_policy, path, kw["schedule"], kw["max_guidance_weight"])
         for d in proto.delays:
-            for s in proto.horizons(d):
+            for s in [proto.goal_s] if args.goal_s_only else proto.horizons(d):
                 ex = ExecutionConfig(method="rtc_inference", delay=d)
                 cfg = EvalConfig(suite="builtin", tasks=ours.TASKS, episodes=args.episodes * len(ours.TASKS),
                                  num_workers=args.workers, steps_per_chunk=s, videos=0, execution=ex,
@@ -204,7 +207,9 @@ def main() -> None:
     res_path = RESULTS / "rtc.json"
     old = json.loads(res_path.read_text()) if res_path.exists() else {}
     old.pop("environment", None)
-    block = old.setdefault("representations", {}).setdefault(rep, {}).setdefault(proto.name, {})
+    block = (
+        old.setdefault("representations", {}).setdefault(rep, {}).setdefault(ours.block_key(proto.name), {})
+    )
     # The naive rows of our own run of the same protocol give the jump baseline.
     naive = [r for r in block.get("rows", []) if r["label"] == "naive_async"]
     goals = ours.goals([*rows, *naive], proto, labels=tuple(SETTINGS))
@@ -214,7 +219,7 @@ def main() -> None:
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "cpu_flags": ours.cpu_flags(),
         "torch": torch.__version__,
     }  # fmt: skip
-    old.setdefault("goals_by_representation", {}).setdefault(rep, {}).update(goals)
+    old.setdefault(f"goals_by_representation{ours._suffix()}", {}).setdefault(rep, {}).update(goals)
     write_results("rtc", old)
     print(json.dumps(goals, indent=1))
 

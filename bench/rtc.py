@@ -48,8 +48,59 @@ from pathlib import Path
 import torch
 
 OUT = Path("runs/bench_rtc")
-TASKS = ("reach_moving", "reach_switch", "reach")
-DYNAMIC = ("reach_moving", "reach_switch")
+
+
+@dataclass(frozen=True)
+class TaskSet:
+    """The tasks a run trains and scores on: ``dynamic`` ones (their success is the goals') and
+    a static ``reach`` as a check; ``noise``: the demos' DART noise (None: the demo's)."""
+
+    name: str
+    tasks: tuple[str, ...]
+    dynamic: tuple[str, ...]
+    noise: float | None = None
+    static: str = "reach"  # the static control task
+
+
+TASK_SETS = {
+    "dynamic": TaskSet(
+        "dynamic", ("reach_moving", "reach_switch", "reach"), ("reach_moving", "reach_switch")
+    ),
+    # sim/fragile.py: the same reaches carrying a cup that spills above an acceleration of 1.8 cm
+    # per step^2, with the velocity in the state (the experts with the demo's DART noise peak at
+    # 1.5-1.7 cm and spill none of 120 episodes)
+    "fragile": TaskSet(
+        "fragile", ("carry_moving", "carry_switch", "carry"), ("carry_moving", "carry_switch"), None, "carry"
+    ),
+}
+TASK_SET = TASK_SETS["dynamic"]
+TASKS, DYNAMIC = TASK_SET.tasks, TASK_SET.dynamic
+
+
+def use_task_set(name: str) -> None:
+    """Run on another task set (``--tasks``): every function here reads these globals."""
+    global TASK_SET, TASKS, DYNAMIC
+    TASK_SET = TASK_SETS[name]
+    TASKS, DYNAMIC = TASK_SET.tasks, TASK_SET.dynamic
+
+
+def _suffix() -> str:
+    """What sets a run apart from the first one: the task set and a step budget other than 3000."""
+    return ("" if TASK_SET.name == "dynamic" else f"_{TASK_SET.name}") + (
+        "" if STEPS == 3000 else f"_steps{STEPS}"
+    )
+
+
+def rep_dir(rep: str) -> Path:
+    return OUT / f"{rep}{_suffix()}"
+
+
+def block_key(proto_name: str) -> str:
+    """Where a run's block goes under ``representations.<rep>``: the protocol, plus the task set
+    when it is not the dynamic one and the step budget when it is not 3000."""
+    return f"{proto_name}{_suffix()}"
+
+
 EPISODES = 600  # demonstrations, round-robin over TASKS
 STEPS = 3000  # training steps per policy (a steps budget: the result does not depend on load)
 CAMERAS = ("scene",)
@@ -57,8 +108,6 @@ CAMERAS = ("scene",)
 # trained near the goal too (asynchronous execution runs actions d.. of each chunk).
 SETTLE = 8
 COMMON = [
-    f"train.steps={STEPS}",
-    f"train.save_every={STEPS}",
     "train.log_every=100",
     "train.batch_size=16",
     "data.num_workers=0",
@@ -86,6 +135,8 @@ RUNS_PUBLISHED = (
     ("sync", "plain", "sync", {}),
     ("naive_async", "plain", "naive_async", {}),
     ("rtc_inference", "plain", "rtc_inference", {"guidance_max": 5.0}),
+    # LeRobot's form of the guidance (the weighted error, no VJP through the network), our sampler
+    ("rtc_inference identity", "plain", "rtc_inference", {"guidance_max": 5.0, "guidance": "identity"}),
     ("rtc_training", "rtc_trained", "rtc_training", {}),
 )
 
@@ -117,7 +168,7 @@ def _log(msg: str, t0: float) -> None:
 
 
 def run_dir(rep: str, proto: Protocol, name: str) -> Path:
-    return OUT / rep / f"h{proto.horizon}_{name}"
+    return rep_dir(rep) / f"h{proto.horizon}_{name}"
 
 
 def policy_dir(rep: str, proto: Protocol, name: str) -> Path:
@@ -127,7 +178,8 @@ def policy_dir(rep: str, proto: Protocol, name: str) -> Path:
 
 def overrides(proto: Protocol, name: str) -> list[str]:
     extra = [f"train.rtc.max_delay={proto.max_delay}"] if name == "rtc_trained" else []
-    return [f"model.action_horizon={proto.horizon}", *COMMON, *extra]
+    return [f"model.action_horizon={proto.horizon}", f"train.steps={STEPS}", f"train.save_every={STEPS}",
+            *COMMON, *extra]  # fmt: skip
 
 
 def train(
@@ -138,12 +190,13 @@ def train(
     from vlastack.train.trainer import Trainer
 
     torch.set_num_threads(threads)
-    data = OUT / rep / "data"
+    data = rep_dir(rep) / "data"
     info: dict = {}
     if not (data / "meta" / "vlastack_sim.json").exists():
         _log(f"generating {EPISODES} {rep} demos of {', '.join(TASKS)}", t0)
         info["generate"] = generate(
-            data, suite="builtin", tasks=TASKS, episodes=EPISODES, workers=2, noise=DATA_NOISE, cameras=CAMERAS,
+            data, suite="builtin", tasks=TASKS, episodes=EPISODES, workers=2, cameras=CAMERAS,
+            noise=DATA_NOISE if TASK_SET.noise is None else TASK_SET.noise,
             seed=0, overwrite=True, video_quality="lossless", progress=False, settle=SETTLE,
             action_representation=rep,
         )  # fmt: skip
@@ -191,7 +244,8 @@ def evaluate_all(
                 rows.append(row)
                 _log(
                     f"{rep} {proto.name} d={d} s={s} {label:>34}: dynamic {row['dynamic_success']:.0%}, "
-                    f"reach {row['static_success']:.0%}, mean jump {row['dynamic_mean_jump']:.3f}",
+                    f"reach {row['static_success']:.0%}, mean jump {row['dynamic_mean_jump']:.3f}"
+                    + (f", spilled {row['dynamic_spilled']:.0%}" if "dynamic_spilled" in row else ""),
                     t0,
                 )
     return rows
@@ -212,14 +266,28 @@ def result_row(res: dict, cfg, **labels) -> dict:
         "dynamic_success": won / len(dyn),
         "dynamic_ci95": list(wilson(won, len(dyn))),
         "dynamic_episodes": len(dyn),
-        "static_success": res["tasks"]["reach"]["success_rate"],
+        "static_success": res["tasks"][TASK_SET.static]["success_rate"],
         "dynamic_mean_jump": sum(e["mean_jump"] for e in jumps) / max(1, len(jumps)),
         "dynamic_mean_max_jump": sum(e["max_jump"] for e in jumps) / max(1, len(jumps)),
         "dynamic_max_jump": max((e["max_jump"] for e in jumps), default=0.0),
+        # the jump less the motion in progress (second difference of the executed actions)
+        "dynamic_mean_jump2": sum(e.get("mean_jump2", 0.0) for e in jumps) / max(1, len(jumps)),
+        **spill_stats(dyn),
         "starved_steps": res["overall"].get("starved_steps", 0),
         "fallbacks": res["overall"].get("fallbacks", 0),
         "eval_seeds": [cfg.seed, cfg.seed + cfg.episodes - 1],
         "wall_s": res["wall_s"],
+    }
+
+
+def spill_stats(dyn: list[dict]) -> dict:
+    """Fragile tasks: the fraction of episodes whose cup spilled, and the mean of each episode's
+    largest velocity change (m / step^2); nothing for tasks without a cup."""
+    if not dyn or not all("spilled" in e for e in dyn):
+        return {}
+    return {
+        "dynamic_spilled": sum(e["spilled"] for e in dyn) / len(dyn),
+        "dynamic_mean_peak_accel": sum(e["peak_accel"] for e in dyn) / len(dyn),
     }
 
 
@@ -256,16 +324,18 @@ def inference_cost(rep: str, proto: Protocol, repeats: int = 40) -> dict:
     from vlastack.sim.env import make_env
 
     torch.set_num_threads(2)
-    env = make_env("reach_moving", cameras=CAMERAS, seed=1_000_000, action_representation=rep)
+    env = make_env(DYNAMIC[0], cameras=CAMERAS, seed=1_000_000, action_representation=rep)
     obs, _ = env.reset(seed=1_000_000)
     env.close()
     plain = Policy.from_pretrained(policy_dir(rep, proto, "plain"))
+    ident = Policy.from_pretrained(policy_dir(rep, proto, "plain"), guidance="identity")
     trained = Policy.from_pretrained(policy_dir(rep, proto, "rtc_trained"))
     d = min(4, proto.horizon // 2)
     prefix = plain.infer(obs)["actions"][d:]
     calls = {
         "plain": lambda: plain.infer(obs),
         "rtc_inference": lambda: plain.infer({**obs, "action_prefix": prefix, "inference_delay": d}),
+        "rtc_inference_identity": lambda: ident.infer({**obs, "action_prefix": prefix, "inference_delay": d}),
         "rtc_training": lambda: trained.infer(
             {**obs, "action_prefix": prefix, "inference_delay": d, "rtc_method": "rtc_training"}
         ),
@@ -277,8 +347,12 @@ def inference_cost(rep: str, proto: Protocol, repeats: int = 40) -> dict:
         "thread_ms_median": med["thread"],
         "rtc_inference_overhead": med["wall"]["rtc_inference"] / med["wall"]["plain"],
         "rtc_training_overhead": med["wall"]["rtc_training"] / med["wall"]["plain"],
+        "rtc_inference_identity_overhead": med["wall"]["rtc_inference_identity"] / med["wall"]["plain"],
         "overhead_by_clock": {
-            c: {k: round(m[k] / m["plain"], 4) for k in ("rtc_inference", "rtc_training")}
+            c: {
+                k: round(m[k] / m["plain"], 4)
+                for k in ("rtc_inference", "rtc_inference_identity", "rtc_training")
+            }
             for c, m in med.items()
         },
         "repeats": repeats,
@@ -299,6 +373,11 @@ def goals(rows: list[dict], proto: Protocol, labels: tuple[str, ...] | None = No
         d: by[("naive_async", d, s)]["dynamic_mean_jump"] for d in proto.delays if ("naive_async", d, s) in by
     }
     out = {}
+    naive2 = {
+        d: by[("naive_async", d, s)].get("dynamic_mean_jump2")
+        for d in proto.delays
+        if ("naive_async", d, s) in by and by[("naive_async", d, s)].get("dynamic_mean_jump2")
+    }
     for label in labels:
         if (label, 0, s) not in by or (label, 4, s) not in by:
             continue
@@ -312,6 +391,15 @@ def goals(rows: list[dict], proto: Protocol, labels: tuple[str, ...] | None = No
                 for d in proto.delays
                 if d >= 1 and (label, d, s) in by
             }
+            if naive2:  # the jump less the motion in progress (rows measured since 2026-11-27)
+                g["mean_jump2_vs_naive"] = {
+                    d: by[(label, d, s)].get("dynamic_mean_jump2", 0.0) / naive2[d] if naive2.get(d) else None
+                    for d in proto.delays
+                    if d >= 1 and (label, d, s) in by
+                }
+        if "dynamic_spilled" in by[(label, 4, s)]:
+            g["spilled_d0"] = by[(label, 0, s)]["dynamic_spilled"]
+            g["spilled_d4"] = by[(label, 4, s)]["dynamic_spilled"]
         out[label] = g
     naive_d4 = by[("naive_async", 4, s)]["dynamic_success"] if ("naive_async", 4, s) in by else None
     for label, g in out.items():
@@ -352,9 +440,12 @@ def plot(rows: list[dict], proto: Protocol, path: Path, title: str) -> None:
 
 
 def table(rows: list[dict], proto: Protocol) -> str:
+    spill = all("dynamic_spilled" in r for r in rows)
+    a, b = DYNAMIC
     lines = [
-        "| method | d | s | reach_moving | reach_switch | dynamic [95% CI] | reach (static) | mean jump | max jump | starved |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        f"| method | d | s | {a} | {b} | dynamic [95% CI] | {TASK_SET.static} (static) | mean jump | max jump | starved |"
+        + (" spilled | mean peak accel |" if spill else ""),
+        "|---|---|---|---|---|---|---|---|---|---|" + ("---|---|" if spill else ""),
     ]
     order = [x[0] for x in proto.runs]
     for r in sorted(rows, key=lambda r: (order.index(r["label"]), r["delay"], r.get("s", 4))):
@@ -363,8 +454,13 @@ def table(rows: list[dict], proto: Protocol) -> str:
         jumps = "n/a | n/a" if legacy else f"{r['dynamic_mean_jump']:.3f} | {r['dynamic_max_jump']:.3f}"
         ci = f" [{r['dynamic_ci95'][0]:.0%}, {r['dynamic_ci95'][1]:.0%}]" if "dynamic_ci95" in r else ""
         lines.append(
-            f"| {r['label']} | {r['delay']} | {r.get('s', max(4, r['delay']))} | {sr['reach_moving']:.0%} | "
-            f"{sr['reach_switch']:.0%} | {r['dynamic_success']:.0%}{ci} | {sr['reach']:.0%} | {jumps} | {r['starved_steps']} |"
+            f"| {r['label']} | {r['delay']} | {r.get('s', max(4, r['delay']))} | {sr[a]:.0%} | "
+            f"{sr[b]:.0%} | {r['dynamic_success']:.0%}{ci} | {sr[TASK_SET.static]:.0%} | {jumps} | {r['starved_steps']} |"
+            + (
+                f" {r['dynamic_spilled']:.0%} | {r['dynamic_mean_peak_accel'] * 100:.2f} cm |"
+                if spill
+                else ""
+            )
         )
     return "\n".join(lines)
 
@@ -380,13 +476,27 @@ def cpu_flags() -> list[str]:
 
 
 def run_eval(
-    rep: str, proto: Protocol, t0: float, episodes: int, load_note: str = "", workers: int = 2
-) -> None:
+    rep: str, proto: Protocol, t0: float, episodes: int, load_note: str = "", workers: int = 2,
+    goal_s_only: bool = False, only: tuple[str, ...] = (),
+) -> None:  # fmt: skip
+    """Every cell of the protocol, or (``only``) the runs with these labels, merged into the
+    results already written for it (their old rows replaced, the cost kept)."""
     from bench.common import RESULTS, write_results
 
-    cost = inference_cost(rep, proto)
-    _log(f"inference cost (wall ms): {cost['ms_median']['wall']}", t0)
-    rows = evaluate_all(rep, proto, t0, episodes, workers)
+    path = RESULTS / "rtc.json"
+    old = json.loads(path.read_text()) if path.exists() else {}
+    if only:
+        prev = old["representations"][rep][block_key(proto.name)]
+        cost = prev["inference_cost"]
+        runs = tuple(r for r in proto.runs if r[0] in only)
+        if len(runs) != len(only):
+            raise SystemExit(f"--only: unknown labels {set(only) - {r[0] for r in runs}}")
+        rows = [r for r in prev["rows"] if r["label"] not in only]
+        rows += evaluate_all(rep, proto, t0, episodes, workers, runs=runs, goal_s_only=goal_s_only)
+    else:
+        cost = inference_cost(rep, proto)
+        _log(f"inference cost (wall ms): {cost['ms_median']['wall']}", t0)
+        rows = evaluate_all(rep, proto, t0, episodes, workers, goal_s_only=goal_s_only)
     info = {}
     for name in ("plain", "rtc_trained"):
         f = run_dir(rep, proto, name) / "bench_train.json"
@@ -399,12 +509,14 @@ def run_eval(
         "setup": {
             "representation": rep,
             "protocol": proto.name,
+            "task_set": TASK_SET.name,
             "tasks": TASKS,
             "dynamic": DYNAMIC,
             "delays": proto.delays,
             "horizons": {d: proto.horizons(d) for d in proto.delays},
             "episodes_per_task": episodes,
             "demos": EPISODES,
+            "demo_noise": TASK_SET.noise,
             "settle": SETTLE,
             "train_steps": STEPS,
             "overrides": {n: overrides(proto, n) for n in ("plain", "rtc_trained")},
@@ -417,27 +529,31 @@ def run_eval(
         "rows": rows,
         "goals": goals(rows, proto),
     }
-    path = RESULTS / "rtc.json"
-    old = json.loads(path.read_text()) if path.exists() else {}
     old.pop("environment", None)
-    old.setdefault("representations", {}).setdefault(rep, {})[proto.name] = block
-    # The goals of record: the published protocol where it ran, else ours.
-    by_rep = old.setdefault("goals_by_representation", {})
+    key = block_key(proto.name)
+    prev = old.setdefault("representations", {}).setdefault(rep, {}).get(key, {})
+    block.update({k: v for k, v in prev.items() if k.startswith("lerobot_rtc")})  # bench/lerobot_rtc.py's
+    old["representations"][rep][key] = block
     reps = old["representations"][rep]
-    lerobot = {k: v for k, v in by_rep.get(rep, {}).items() if k.startswith("lerobot_rtc")}  # its own bench
-    by_rep[rep] = {**(reps.get("published") or reps["ours"])["goals"], **lerobot}
+    if not _suffix():
+        # The goals of record: the published protocol where it ran, else ours.
+        by_rep = old.setdefault("goals_by_representation", {})
+        lerobot = {
+            k: v for k, v in by_rep.get(rep, {}).items() if k.startswith("lerobot_rtc")
+        }  # its own bench
+        by_rep[rep] = {**(reps.get("published") or reps["ours"])["goals"], **lerobot}
+    else:  # another task set or step budget keeps its own goals beside them
+        by_rep = old.setdefault(f"goals_by_representation{_suffix()}", {})
+        lerobot = {k: v for k, v in by_rep.get(rep, {}).items() if k.startswith("lerobot_rtc")}
+        by_rep[rep] = {**block["goals"], **lerobot}
     write_results("rtc", old)
-    png = Path(f"docs/rtc_{rep}_{proto.name}.png")
-    plot(
-        rows,
-        proto,
-        png,
-        f"RTC on reach_moving + reach_switch: {rep} actions, {proto.name} protocol (H={proto.horizon})",
-    )
+    png = Path(f"docs/rtc_{rep}_{key}.png")
+    plot(rows, proto, png,
+         f"RTC on {' + '.join(DYNAMIC)}: {rep} actions, {proto.name} protocol (H={proto.horizon})")  # fmt: skip
     doc = Path("docs/rtc.md")
     if doc.exists():
         text = doc.read_text()
-        a, b = f"<!-- rtc-table-{rep}-{proto.name} -->", f"<!-- /rtc-table-{rep}-{proto.name} -->"
+        a, b = f"<!-- rtc-table-{rep}-{key} -->", f"<!-- /rtc-table-{rep}-{key} -->"
         if a in text and b in text:
             doc.write_text(
                 text[: text.index(a) + len(a)] + "\n" + table(rows, proto) + "\n" + text[text.index(b) :]
@@ -448,12 +564,20 @@ def run_eval(
 
 
 def main() -> None:
+    global STEPS
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--phase", choices=["all", "train", "eval", "cost", "bid"], default="all",
                     help="cost: re-measure only the inference cost of the trained policies (on an idle CPU); "
                          "bid: bidirectional decoding beside naive execution (trains the plain policy if missing)")  # fmt: skip
     ap.add_argument("--representation", choices=["delta", "absolute"], default="absolute")
     ap.add_argument("--protocol", choices=sorted(PROTOCOLS), default="published")
+    ap.add_argument("--tasks", choices=sorted(TASK_SETS), default="dynamic",
+                    help="dynamic: reach_moving, reach_switch; fragile: the same carrying a cup that "
+                         "spills on an abrupt velocity change (sim/fragile.py)")  # fmt: skip
+    ap.add_argument("--goal-s-only", action="store_true", help="evaluate only s = the goal horizon")
+    ap.add_argument("--steps", type=int, default=STEPS, help="training steps per policy (results apart)")
+    ap.add_argument("--only", default="", help="--phase eval: only these run labels (comma-separated), "
+                    "merged into the results already written")  # fmt: skip
     ap.add_argument("--episodes", type=int, default=EVAL_EPISODES, help="per task, method, delay and s")
     ap.add_argument("--threads", type=int, default=2, help="--phase train: torch threads")
     ap.add_argument("--workers", type=int, default=2, help="evaluation worker processes")
@@ -463,13 +587,25 @@ def main() -> None:
     )
     args = ap.parse_args()
     t0 = time.perf_counter()
+    use_task_set(args.tasks)
+    STEPS = args.steps
     proto = PROTOCOLS[args.protocol]
     if args.delays:
         proto = replace(proto, delays=tuple(int(d) for d in args.delays.split(",")))
     if args.phase in ("all", "train"):
         train(args.representation, proto, t0, args.threads)
     if args.phase in ("all", "eval"):
-        run_eval(args.representation, proto, t0, args.episodes, args.load_note, args.workers)
+        only = tuple(x for x in args.only.split(",") if x)
+        run_eval(
+            args.representation,
+            proto,
+            t0,
+            args.episodes,
+            args.load_note,
+            args.workers,
+            args.goal_s_only,
+            only,
+        )
     if args.phase == "cost":
         remeasure_cost(args.representation, proto, args.load_note)
     if args.phase == "bid":
@@ -490,7 +626,7 @@ def run_bid(rep: str, proto: Protocol, t0: float, episodes: int, workers: int, l
     from vlastack.sim.env import make_env
 
     torch.set_num_threads(2)
-    env = make_env("reach_moving", cameras=CAMERAS, seed=1_000_000, action_representation=rep)
+    env = make_env(DYNAMIC[0], cameras=CAMERAS, seed=1_000_000, action_representation=rep)
     obs, _ = env.reset(seed=1_000_000)
     env.close()
     policy = Policy.from_pretrained(policy_dir(rep, proto, "plain"))
@@ -531,7 +667,7 @@ def remeasure_cost(rep: str, proto: Protocol, load_note: str) -> None:
 
     path = RESULTS / "rtc.json"
     old = json.loads(path.read_text())
-    block = old["representations"][rep][proto.name]
+    block = old["representations"][rep][block_key(proto.name)]
     cost = inference_cost(rep, proto)
     cost["load_note"] = load_note or "re-measured alone (--phase cost)"
     cost["date"] = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())

@@ -184,3 +184,14 @@ def test_executor_and_config_refuse_bad_values():
         load_config("tiny", overrides=["train.rtc.max_delay=4", "model.variant=pi05"])
     with pytest.raises(ValueError, match="hz"):
         RealtimeRunner(FakePolicy(), ExecutionConfig(delay=-1), A, 4)
+
+
+def test_second_difference_jump_leaves_out_the_motion_in_progress():
+    ex, stats, _ = run("naive_async", 2)
+    # the first chunk ends the initial hold: no switch
+    switched = [t for t in range(2, len(ex)) if ex[t, 1] != ex[t - 1, 1] and ex[t - 2, 1] >= 1]
+    want = [float(np.linalg.norm((ex[t] - ex[t - 1]) - (ex[t - 1] - ex[t - 2]))) for t in switched]
+    assert len(switched) == len(stats.boundary_jumps2) >= 1
+    np.testing.assert_allclose(stats.boundary_jumps2, want, rtol=1e-6)
+    s = stats.summary()
+    assert s["max_jump2"] == pytest.approx(max(want)) and s["mean_jump2"] == pytest.approx(np.mean(want))

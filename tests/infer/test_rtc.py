@@ -72,6 +72,36 @@ def test_guided_inpainting_keeps_the_committed_actions(policy, delay):
     assert err[delay:8].mean() < 0.8 * base[delay:8].mean()  # the soft region is pulled too
 
 
+@pytest.mark.parametrize("delay", [0, 3])
+def test_identity_guidance_keeps_the_committed_actions_without_a_backward_pass(policy, delay):
+    """``guidance="identity"`` (LeRobot's RTCProcessor form): the weighted error itself, no VJP.
+    It pulls the committed actions in like the VJP form, equals plain sampling where every weight
+    is 0, and runs under a caller's inference mode (it needs no autograd)."""
+    model, c = policy.model, policy.cfg
+    obs = make_obs(2)
+    y = committed(policy, obs, seed=2)
+    plain = policy.infer(obs)["actions"]
+    policy.guidance = "identity"
+    try:
+        with torch.inference_mode():
+            guided = policy.infer({**obs, "action_prefix": y, "inference_delay": delay})["actions"]
+    finally:
+        policy.guidance = "vjp"
+    scale = np.arange(1, ACTION_DIM + 1) * 0.5
+    err, base = np.abs(guided[:8] - y) / scale, np.abs(plain[:8] - y) / scale
+    if delay:
+        assert err[:delay].mean() < 0.15 * base[:delay].mean()
+    assert err[delay:8].mean() < 0.8 * base[delay:8].mean()
+    batch = policy._batch([policy.check(obs)])
+    noise = torch.randn(1, H, c.action_dim, generator=torch.Generator().manual_seed(0))
+    zero, target = torch.zeros(1, H, c.action_dim), torch.randn(1, H, c.action_dim)
+    a = guided_sample(model.head, model, batch, target, zero, noise, guidance="identity")
+    b = guided_sample(model.head, model, batch, target, zero, noise, guidance="vjp")
+    torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)  # no weight: both are plain Euler sampling
+    with pytest.raises(ValueError, match="guidance"):
+        guided_sample(model.head, model, batch, target, zero, noise, guidance="jacobian")
+
+
 def test_guided_sample_ignores_targets_where_the_weight_is_zero(policy):
     model, c = policy.model, policy.cfg
     trainable = [p.requires_grad for p in model.parameters()]
@@ -323,3 +353,11 @@ def test_rtc_request_through_vla_serve_and_the_openpi_client(policy):
             client.infer({**obs, "action_prefix": y[:, :2]})
     np.testing.assert_allclose(out[:2], y[:2], rtol=1e-5, atol=1e-4)
     assert out.shape == local.shape == (H, ACTION_DIM)  # (the noise differs between the two calls)
+
+
+def test_execution_config_checks_the_guidance_mode():
+    from vlastack.config import ExecutionConfig
+
+    assert ExecutionConfig(method="rtc_inference", guidance="identity").guidance == "identity"
+    with pytest.raises(ValueError, match="guidance"):
+        ExecutionConfig(method="rtc_inference", guidance="jacobian")

@@ -34,6 +34,7 @@ from vlastack.config.presets import (
 from vlastack.config.schema import (
     ACTION_REPRESENTATIONS,
     EXECUTION_METHODS,
+    GUIDANCE_MODES,
     Config,
     DataConfig,
     DecoderConfig,
@@ -51,6 +52,7 @@ from vlastack.config.schema import (
 __all__ = [
     "ACTION_REPRESENTATIONS",
     "EXECUTION_METHODS",
+    "GUIDANCE_MODES",
     "HEAD_NAMES",
     "HEAD_SPECS",
     "PRESETS",

@@ -540,6 +540,7 @@ class TrainConfig:
 
 
 EXECUTION_METHODS = ("sync", "naive_async", "temporal_ensemble", "rtc_inference", "rtc_training", "bid")
+GUIDANCE_MODES = ("vjp", "identity")  # ExecutionConfig.guidance
 
 
 @dataclass(frozen=True)
@@ -556,6 +557,11 @@ class ExecutionConfig:
     delay: int = 0
     horizon: int = 0
     guidance_max: float = 5.0  # rtc_inference: the guidance weight clip (beta)
+    # rtc_inference: how the error toward the leftover enters each denoising step. "vjp": through
+    # the vector-Jacobian product of the clean-chunk estimate (the paper's); "identity": the
+    # weighted error itself, as LeRobot 0.6.1's RTCProcessor does (no backward pass: the cost of
+    # plain sampling). docs/rtc.md measures both.
+    guidance: str = "vjp"
     # bid: candidate chunks sampled per request; the one closest to the executing chunk's
     # leftover runs (bidirectional decoding's backward coherence, arXiv 2408.17355)
     bid_samples: int = 8
@@ -578,6 +584,11 @@ class ExecutionConfig:
         _check(self.delay >= -1, "delay", f"must be >= 0 (steps) or -1 (measured live), got {self.delay}")
         _check(self.horizon >= 0, "horizon", f"must be >= 0 (0 = eval.steps_per_chunk), got {self.horizon}")
         _check(self.guidance_max > 0, "guidance_max", f"must be > 0, got {self.guidance_max}")
+        _check(
+            self.guidance in GUIDANCE_MODES,
+            "guidance",
+            f"must be one of {' | '.join(GUIDANCE_MODES)}, got {self.guidance!r}",
+        )
         _check(self.bid_samples >= 1, "bid_samples", f"must be >= 1, got {self.bid_samples}")
         _check(self.bid_noise_scale > 0, "bid_noise_scale", f"must be > 0, got {self.bid_noise_scale}")
         _check(self.overlap >= 0, "overlap", f"must be >= 0 (0 = the whole leftover), got {self.overlap}")

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from vlastack.config import ModelConfig
+from vlastack.config import GUIDANCE_MODES, ModelConfig
 from vlastack.data.stats import ExactNormalizer, Normalizer, stat_dim
 from vlastack.infer.chunking import ActionChunker
 from vlastack.infer.obs import InputSpec, Obs, ObsError, build_batch, check_obs
@@ -105,6 +105,7 @@ class Policy:
         decoding: dict[str, Any] | None = None,
         fast: bool = False,
         guidance_max: float = 5.0,
+        guidance: str = "vjp",
         bid_samples: int = 8,
         bid_noise_scale: float = 1.0,
     ) -> None:
@@ -134,6 +135,9 @@ class Policy:
         if guidance_max <= 0:
             raise ValueError(f"guidance_max must be > 0, got {guidance_max}")
         self.guidance_max = guidance_max  # inference-time RTC's clip on the guidance weight (beta)
+        if guidance not in GUIDANCE_MODES:
+            raise ValueError(f"guidance must be one of {' | '.join(GUIDANCE_MODES)}, got {guidance!r}")
+        self.guidance = guidance  # inference-time RTC: through the VJP (the paper's) or identity (LeRobot's)
         if bid_samples < 1:
             raise ValueError(f"bid_samples must be >= 1, got {bid_samples}")
         self.bid_samples = bid_samples  # bidirectional decoding: candidates per request
@@ -404,7 +408,14 @@ class Policy:
                 else:
                     with self._autocast():
                         out = guided_sample(
-                            head, self.model, batch, target, weights, noise, self.guidance_max
+                            head,
+                            self.model,
+                            batch,
+                            target,
+                            weights,
+                            noise,
+                            self.guidance_max,
+                            guidance=self.guidance,
                         )
         actions = self.normalizer.unnormalize(ACTION_KEY, out.float()[:, :, :a_env].cpu().numpy())
         return np.ascontiguousarray(actions, dtype=np.float32)

@@ -120,16 +120,20 @@ class ExecutionStats:
     steps: int = 0
     requests: int = 0
     boundary_jumps: list[float] = field(default_factory=list)  # |a_new - a_prev| at each switch
+    # |(a_new - a_prev) - (a_prev - a_prev2)| at each switch: the jump less the motion in progress
+    # (for absolute targets, the change of the commanded step: what a payload feels)
+    boundary_jumps2: list[float] = field(default_factory=list)
     starved_steps: int = 0  # steps with no action ready (a chunk came later than planned)
     paused_steps: int = 0  # steps held on purpose: sync waits, and the wait for the first chunk
     fallbacks: int = 0  # requests that fell back to sync (delay > H / 2)
     latencies_s: list[float] = field(default_factory=list)
 
     def summary(self) -> dict[str, Any]:
-        j = self.boundary_jumps
+        j, j2 = self.boundary_jumps, self.boundary_jumps2
         return {
             "steps": self.steps, "requests": self.requests, "boundaries": len(j),
             "max_jump": max(j) if j else 0.0, "mean_jump": float(np.mean(j)) if j else 0.0,
+            "max_jump2": max(j2) if j2 else 0.0, "mean_jump2": float(np.mean(j2)) if j2 else 0.0,
             "starved_steps": self.starved_steps, "paused_steps": self.paused_steps, "fallbacks": self.fallbacks,
         }  # fmt: skip
 
@@ -158,6 +162,7 @@ class ChunkExecutor:
         self.pending: Request | None = None
         self.last_request: int | None = None
         self.last_action: np.ndarray | None = None
+        self.prev_action: np.ndarray | None = None  # the one executed before last_action
         self.horizon: int | None = None  # known from the first chunk
         self.stats = ExecutionStats()
         self._switched = False
@@ -245,8 +250,11 @@ class ChunkExecutor:
         if executed is not None:
             if self._switched and self.last_action is not None:
                 st.boundary_jumps.append(float(np.linalg.norm(executed - self.last_action)))
+                if self.prev_action is not None:
+                    dv = (executed - self.last_action) - (self.last_action - self.prev_action)
+                    st.boundary_jumps2.append(float(np.linalg.norm(dv)))
             self._switched = False
-            self.last_action = executed
+            self.prev_action, self.last_action = self.last_action, executed
         elif held:
             planned = self.pending is not None and (self.pending.sync or self.last_action is None)
             if planned:

@@ -9,7 +9,7 @@ def register(sub, groups) -> None:
     from vlastack.cli_common import add_config_args, float_at_least, int_at_least
 
     g = groups["data"].add_parser("generate", help="scripted-expert demos -> LeRobot v3 dataset")
-    g.add_argument("--suite", default="builtin", help="builtin | metaworld")
+    g.add_argument("--suite", default="builtin", help="builtin | dynamic | fragile | metaworld")
     g.add_argument(
         "--tasks", default="", help="comma-separated task names; Meta-World also MT10, MT50, easy..very_hard"
     )
@@ -49,7 +49,7 @@ def register(sub, groups) -> None:
         "--action-representation",
         choices=["delta", "absolute"],
         default="delta",
-        help="builtin/dynamic suites: delta = (dx, dy, dz, grip); absolute = the gripper's target (x, y, z, grip)",
+        help="builtin/dynamic/fragile suites: delta = (dx, dy, dz, grip); absolute = the gripper's target (x, y, z, grip)",
     )
     g.add_argument(
         "--video-quality",
@@ -77,7 +77,7 @@ def register(sub, groups) -> None:
     e.add_argument(
         "--suite",
         default=None,
-        help="builtin | dynamic | metaworld | libero_spatial | libero_object | libero_goal | libero_10 "
+        help="builtin | dynamic | fragile | metaworld | libero_spatial | libero_object | libero_goal | libero_10 "
         "| libero_90 (default: eval.suite)",
     )
     e.add_argument("--tasks", default=None, help="comma-separated subset (default: eval.tasks)")

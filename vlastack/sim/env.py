@@ -12,7 +12,8 @@ position in metres, approached by at most ``MAX_DELTA`` per axis each step (a po
 arm with a speed limit; ``ACTION_REPRESENTATIONS``). The scripted expert answers in the env's
 representation, and its absolute target is exactly where its delta would move the gripper, so
 both representations replay the same trajectories.
-An episode terminates on success (reward 1) and is truncated at the task's step limit.
+An episode terminates on success (reward 1) and is truncated at the task's step limit, or as soon
+as it can no longer succeed (``Task.failed``: a fragile family's cup spilled, ``info["spilled"]``).
 
 Privileged hooks: ``env.expert_action()`` is the scripted expert's next action, and
 ``env.privileged_state()`` the task's key object and goal positions (see ``sim/imitability.py``).
@@ -29,16 +30,19 @@ from gymnasium import spaces
 
 from vlastack.config import ACTION_REPRESENTATIONS
 from vlastack.sim.dynamic import DYNAMIC_TASKS
+from vlastack.sim.fragile import FRAGILE_TASKS
 from vlastack.sim.scene import ACTION_DIM, CONTROL_HZ, EE_HIGH, EE_HOME, EE_LOW, STATE_DIM, SimCore
 from vlastack.sim.tasks import TASKS
 
 # The ``builtin`` suite's default task list stays the four static families (the demo's data and
-# results); the dynamic families (sim/dynamic.py) are named explicitly or run as ``dynamic``.
+# results); the dynamic families (sim/dynamic.py) are named explicitly or run as ``dynamic``, the
+# fragile ones (sim/fragile.py: the dynamic reaches carrying a cup that spills) as ``fragile``.
 SUITES: dict[str, tuple[str, ...]] = {
     "builtin": ("reach", "push", "pick_place", "stack"),
     "dynamic": tuple(DYNAMIC_TASKS),
+    "fragile": tuple(FRAGILE_TASKS),
 }
-ALL_TASKS = {**TASKS, **DYNAMIC_TASKS}
+ALL_TASKS = {**TASKS, **DYNAMIC_TASKS, **FRAGILE_TASKS}
 LIBERO_SUITES = ("libero_spatial", "libero_object", "libero_goal", "libero_10", "libero_90")
 ALL_SUITES = (*SUITES, "metaworld", *LIBERO_SUITES)
 
@@ -105,7 +109,7 @@ class BuiltinEnv(gym.Env):
         self.observation_space = spaces.Dict(
             {
                 "images": spaces.Dict({c: img for c in self.core.cameras}),
-                "state": spaces.Box(-np.inf, np.inf, (STATE_DIM,), np.float32),
+                "state": spaces.Box(-np.inf, np.inf, (STATE_DIM + self.task.extra_state_dim,), np.float32),
                 "prompt": spaces.Text(256),
             }
         )
@@ -132,10 +136,12 @@ class BuiltinEnv(gym.Env):
             raise ValueError(f"action must be {ACTION_DIM} finite floats, got {np.asarray(action)!r}")
         self.task.advance()  # dynamic families move their objects (a no-op for static ones)
         self.core.step(a, absolute=self.action_representation == "absolute")
+        self.task.after_step()  # fragile families: the step's acceleration, a spill
         self.t += 1
         ok = self.task.success()
-        truncated = self.t >= self.max_steps and not ok
-        return self._obs(), float(ok), ok, truncated, {"task": self.task_name, "success": ok}
+        truncated = (self.t >= self.max_steps or self.task.failed()) and not ok
+        info = {"task": self.task_name, "success": ok, **self.task.step_info()}
+        return self._obs(), float(ok), ok, truncated, info
 
     def expert_action(self) -> np.ndarray:
         """The scripted expert's next action (privileged: reads simulator state), in the env's
@@ -165,7 +171,10 @@ class BuiltinEnv(gym.Env):
         return self.core.render()[self.core.cameras[0]]
 
     def _obs(self) -> dict:
-        return {"images": self.core.render(), "state": self.core.state(), "prompt": self.prompt}
+        state = self.core.state()
+        if self.task.extra_state_dim:  # fragile families: + the gripper's velocity
+            state = np.concatenate([state, self.task.extra_state()]).astype(np.float32)
+        return {"images": self.core.render(), "state": state, "prompt": self.prompt}
 
     def close(self) -> None:
         self.core.close()

@@ -145,13 +145,19 @@ def run_lockstep(
                 r["out"] = {
                     "episode": r["episode"], "task": r["task"], "seed": r["seed"], "prompt": obs["prompt"],
                     "success": bool(info.get("success", terminated)), "steps": r["t"],
-                    "invalid_chunks": r["invalid"],
+                    "invalid_chunks": r["invalid"], **episode_extras(info),
                 }  # fmt: skip
                 if r["frames"] is not None:
                     r["out"]["frames"] = np.stack(r["frames"])
                 if on_done is not None:
                     on_done(r["out"])
     return [r["out"] for r in runs]
+
+
+def episode_extras(info: dict) -> dict:
+    """What a task adds to its last step's ``info`` that an episode record keeps (fragile
+    families: ``spilled``, ``peak_accel``); nothing for the others, so their records are unchanged."""
+    return {k: info[k] for k in ("spilled", "peak_accel") if k in info}
 
 
 def lockstep_groups(jobs: list, batch: int, workers: int) -> list[list]:
@@ -192,6 +198,7 @@ def _realtime_episode(env, obs, policy, name, seed, steps_per_chunk, ensemble, f
 
     if hasattr(policy, "guidance_max"):  # a vlastack Policy: inference-time RTC's clip (beta)
         policy.guidance_max = execution.guidance_max
+        policy.guidance = execution.guidance
         policy.bid_samples = execution.bid_samples
         policy.bid_noise_scale = execution.bid_noise_scale
     spc = execution.horizon or steps_per_chunk
@@ -206,7 +213,7 @@ def _realtime_episode(env, obs, policy, name, seed, steps_per_chunk, ensemble, f
     out = {
         "episode": episode, "task": task, "seed": seed, "prompt": last["obs"]["prompt"],
         "success": bool(last["info"].get("success", False)), "steps": stats.steps,
-        "invalid_chunks": invalid[0], **stats.summary(),
+        "invalid_chunks": invalid[0], **stats.summary(), **episode_extras(last["info"]),
     }  # fmt: skip
     if frames:
         out["frames"] = np.stack(frames)

@@ -47,10 +47,12 @@ from typing import Any
 import numpy as np
 
 from vlastack.progress import Progress
-from vlastack.sim.scene import MAX_DELTA
+from vlastack.sim.scene import MAX_DELTA, STATE_DIM
 
 EVAL_SEED_START = 1_000_000  # EvalConfig.seed: generation seeds must stay below it
 STATE_NAMES = ["ee_x", "ee_y", "ee_z", "gripper_opening", "holding"]
+VELOCITY_NAMES = ["ee_vx", "ee_vy", "ee_vz"]  # fragile families (sim/fragile.py), metres per step
+OWN_SUITES = ("builtin", "dynamic", "fragile")  # sim/env.py's SUITES: privileged state, named dims
 ACTION_NAMES = ["dx", "dy", "dz", "grip"]
 ABSOLUTE_ACTION_NAMES = ["x", "y", "z", "grip"]
 ENV_STATE_NAMES = ["object_x", "object_y", "object_z", "goal_x", "goal_y", "goal_z"]
@@ -130,7 +132,7 @@ def _job(task: str, seed: int, env_kw: dict, noise: float, settle: int = 0) -> d
     key = (task, *sorted((k, tuple(v) if isinstance(v, list) else v) for k, v in env_kw.items()))
     if key not in _ENVS:
         _ENVS[key] = make_env(task, **env_kw)
-    privileged = env_kw.get("suite") in ("builtin", "dynamic")
+    privileged = env_kw.get("suite") in OWN_SUITES
     ep = rollout_expert(_ENVS[key], seed, noise, privileged=privileged, settle=settle)
     ep.update(task=task, seed=seed)
     if not ep["success"]:  # don't ship frames we will not write
@@ -152,8 +154,9 @@ def _episode_features(
     features = {camera_key(c): dict(img_ft) for c in cameras}
     features["observation.state"] = {"dtype": "float32", "shape": [state_dim], "names": None}
     features["action"] = {"dtype": "float32", "shape": [action_dim], "names": None}
-    if suite in ("builtin", "dynamic"):
-        features["observation.state"]["names"] = STATE_NAMES
+    if suite in OWN_SUITES:
+        extra = state_dim - len(STATE_NAMES)  # fragile families: + the velocity
+        features["observation.state"]["names"] = STATE_NAMES + VELOCITY_NAMES[: max(0, extra)]
         features["action"]["names"] = ABSOLUTE_ACTION_NAMES if representation == "absolute" else ACTION_NAMES
         features[ENV_KEY] = {"dtype": "float32", "shape": [len(ENV_STATE_NAMES)], "names": ENV_STATE_NAMES}
         for c in cameras:
@@ -227,6 +230,15 @@ def generate(
         env_kw["action_representation"] = action_representation
     probe = make_env(names[0], **env_kw)
     state_dim, action_dim = probe.observation_space["state"].shape[0], probe.action_space.shape[0]
+    if suite in OWN_SUITES:  # one dataset, one state layout
+        from vlastack.sim.env import ALL_TASKS
+
+        dims = {n: STATE_DIM + ALL_TASKS[n].extra_state_dim for n in names}
+        if len(set(dims.values())) > 1:
+            raise ValueError(
+                f"these tasks observe states of different sizes and cannot share a dataset: {dims} "
+                "(the fragile families add the gripper's velocity; generate them apart)"
+            )
     image_size = int(probe.observation_space["images"][cameras[0]].shape[0])
     fps = int(probe.metadata.get("render_fps", 10))
     probe.close()

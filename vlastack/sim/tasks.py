@@ -56,6 +56,7 @@ class Task:
     family: str = ""
     max_steps: int = 50
     phrasings: tuple[str, ...] = ()
+    extra_state_dim: int = 0  # dims a family appends to the robot state (fragile: velocity)
 
     def __init__(self, core: SimCore):
         self.core = core
@@ -71,6 +72,21 @@ class Task:
 
     def advance(self) -> None:
         """Before each control step: dynamic families move or change their objects (dynamic.py)."""
+
+    def after_step(self) -> None:
+        """After each control step: fragile families measure the motion it made (fragile.py)."""
+
+    def failed(self) -> bool:
+        """The episode can no longer succeed (a fragile family's cup spilled): it ends now."""
+        return False
+
+    def extra_state(self) -> np.ndarray:
+        """float32 [extra_state_dim], appended to ``SimCore.state()`` in the observation."""
+        return np.zeros(0, np.float32)
+
+    def step_info(self) -> dict:
+        """Extra entries for the env's step ``info`` (fragile families: ``spilled``, ``peak_accel``)."""
+        return {}
 
     def key_positions(self) -> tuple[np.ndarray, np.ndarray]:
         """Privileged: the two points the task is about (object, goal), each xyz [3] in metres."""

@@ -26,6 +26,7 @@ import torch
 from torch import Tensor
 
 from vlastack.batch import Batch
+from vlastack.config import GUIDANCE_MODES
 from vlastack.models.backbone import Backbone
 from vlastack.models.heads.flow import FlowHead
 
@@ -68,14 +69,24 @@ def guided_sample(
     noise: Tensor,
     beta: float = 5.0,
     num_steps: int | None = None,
+    guidance: str = "vjp",
 ) -> Tensor:
     """Inference-time RTC. ``target`` fp32 [B, H, A]: the previous chunk's leftover actions
     aligned to this chunk's steps (anything where ``weights`` is 0); ``weights`` fp32 [B, H, A]:
     ``prefix_weights`` per step times 1 on the env's action dims, 0 on padded ones. ``noise``
-    [B, H, A] standard normal. -> actions fp32 [B, H, A] (normalized)."""
+    [B, H, A] standard normal. ``guidance``: ``vjp`` (the paper's: the weighted error through
+    the vector-Jacobian product of the clean-chunk estimate) or ``identity`` (the weighted error
+    itself, as LeRobot's ``RTCProcessor``; no backward pass). -> actions fp32 [B, H, A] (normalized)."""
     c = head.cfg
     assert target.shape == noise.shape == weights.shape, (target.shape, noise.shape, weights.shape)
+    if guidance not in GUIDANCE_MODES:
+        raise ValueError(f"guidance must be one of {' | '.join(GUIDANCE_MODES)}, got {guidance!r}")
     n = num_steps or c.num_denoise_steps
+    if guidance == "identity":  # no autograd: nothing to leave inference mode or unfreeze for
+        with torch.no_grad():
+            cache, positions, mask, state = head.prefill(backbone, batch)
+            args = (noise.float() * c.noise_scale, target.float(), weights.float(), beta, n)
+            return _guided_loop(head, backbone, cache, positions, mask, state, *args, vjp=False)
     # Guidance needs x's gradient. Under a caller's inference_mode (a robot loop, LeRobot's
     # select_action), enable_grad alone does not bring autograd back (LeRobot's guidance raises
     # there): leave inference mode, and copy tensors made in it, which autograd may not save.
@@ -100,11 +111,20 @@ def _normal(t: Tensor) -> Tensor:
     return t.clone() if t.is_inference() else t
 
 
-def _guided_loop(head, backbone, cache, positions, mask, state, x, target, weights, beta, n) -> Tensor:
+def _guided_loop(
+    head, backbone, cache, positions, mask, state, x, target, weights, beta, n, vjp=True
+) -> Tensor:
+    """Euler steps from t = 1 to 0, each pulled toward ``target`` by the weighted error between it
+    and the step's clean-chunk estimate: through the estimate's VJP (``vjp``), or as it is."""
     b, dt = x.shape[0], -1.0 / n
     for i in range(n):
         tval = 1.0 + i * dt
         t = torch.full((b,), tval, device=x.device)
+        if not vjp:
+            v = head.denoise_step(backbone, cache, state, x, t, positions, mask)
+            g = (target - (x - tval * v)) * weights
+            x = x + dt * (v - guidance_weight(tval, beta) * g)
+            continue
         _detach_cache(cache)
         x_in = x.detach().requires_grad_(True)
         with torch.enable_grad():
