@@ -2,7 +2,8 @@
 abrupt change of velocity fails the episode.
 
 - ``carry_moving``: ``reach_moving`` (a block on a belt; touch it and stay on it);
-- ``carry_switch``: ``reach_switch`` (the color moves to the other block at a random step).
+- ``carry_switch``: ``reach_switch`` (the color moves to the other block at a random step);
+- ``carry``: the static ``reach`` (the control family).
 
 The gripper carries a full cup (not rendered: the instruction says so). Each control step moves
 the gripper by a displacement v_t (its velocity, metres per step); if ``|v_t - v_{t-1}|`` (its
@@ -14,9 +15,10 @@ On the plain dynamic reaches a boundary jump only changes where the arm heads (i
 capped at ``MAX_DELTA``), so it never fails an episode (docs/rtc.md).
 
 The experts are the dynamic ones, acceleration-limited: they steer toward the same aim point
-with at most ``EXPERT_ACCEL`` (half of ``SPILL_ACCEL``) of velocity change per step, and brake so
-they can stop at the target. Like the other experts they read privileged state (here also the
-velocity of the last step).
+with at most ``EXPERT_ACCEL`` (a third of ``SPILL_ACCEL``) of velocity change per step, and brake
+so they can stop at the target. Like the other experts they read privileged state. The state the
+policy sees gains the gripper's velocity (``extra_state``), so these families cannot share a
+dataset with the 5-dim ones.
 """
 
 from __future__ import annotations
