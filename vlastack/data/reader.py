@@ -171,7 +171,7 @@ class LeRobotDataset:
 
         def where(row: int) -> tuple[str, int]:
             ep = int(file_eps[row])
-            return f"episode {ep}: {key} has", int(row - np.searchsorted(file_eps, ep))
+            return f"episode {ep}: {key} has", int(row - np.argmax(file_eps == ep))  # its first row
 
         if (
             pa.types.is_list(col.type)

@@ -47,12 +47,13 @@ from typing import Any
 import numpy as np
 
 from vlastack.progress import Progress
+from vlastack.sim.env import ALL_TASKS, SUITES
 from vlastack.sim.scene import MAX_DELTA, STATE_DIM
 
 EVAL_SEED_START = 1_000_000  # EvalConfig.seed: generation seeds must stay below it
 STATE_NAMES = ["ee_x", "ee_y", "ee_z", "gripper_opening", "holding"]
 VELOCITY_NAMES = ["ee_vx", "ee_vy", "ee_vz"]  # fragile families (sim/fragile.py), metres per step
-OWN_SUITES = ("builtin", "dynamic", "fragile")  # sim/env.py's SUITES: privileged state, named dims
+OWN_SUITES = tuple(SUITES)  # the built-in scene's suites: privileged state, named dims
 ACTION_NAMES = ["dx", "dy", "dz", "grip"]
 ABSOLUTE_ACTION_NAMES = ["x", "y", "z", "grip"]
 ENV_STATE_NAMES = ["object_x", "object_y", "object_z", "goal_x", "goal_y", "goal_z"]
@@ -231,8 +232,6 @@ def generate(
     probe = make_env(names[0], **env_kw)
     state_dim, action_dim = probe.observation_space["state"].shape[0], probe.action_space.shape[0]
     if suite in OWN_SUITES:  # one dataset, one state layout
-        from vlastack.sim.env import ALL_TASKS
-
         dims = {n: STATE_DIM + ALL_TASKS[n].extra_state_dim for n in names}
         if len(set(dims.values())) > 1:
             raise ValueError(
