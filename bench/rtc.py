@@ -138,6 +138,9 @@ RUNS_PUBLISHED = (
     # LeRobot's form of the guidance (the weighted error, no VJP through the network), our sampler
     ("rtc_inference identity", "plain", "rtc_inference", {"guidance_max": 5.0, "guidance": "identity"}),
     ("rtc_training", "rtc_trained", "rtc_training", {}),
+    # the policy is told at least one committed action, even at d = 0: the new chunk continues the
+    # executing one (ExecutionConfig.min_commit)
+    ("rtc_training min_commit=1", "rtc_trained", "rtc_training", {"min_commit": 1}),
 )
 
 
@@ -532,7 +535,13 @@ def run_eval(
     old.pop("environment", None)
     key = block_key(proto.name)
     prev = old.setdefault("representations", {}).setdefault(rep, {}).get(key, {})
-    block.update({k: v for k, v in prev.items() if k.startswith("lerobot_rtc")})  # bench/lerobot_rtc.py's
+    # What other benches merged into the block (bench/lerobot_rtc.py's rows, bench/rtc_fragile_6k.py's
+    # and bench/rtc_fragile_checks.py's checks) stays; an --only rerun keeps the block's own notes too.
+    block.update({k: v for k, v in prev.items() if k not in block})
+    if only and prev.get("load_note"):
+        block["load_note"] = (
+            f"{prev['load_note']}; {', '.join(only)} rerun {block['date']}: {block['load_note']}"
+        )
     old["representations"][rep][key] = block
     reps = old["representations"][rep]
     if not _suffix():

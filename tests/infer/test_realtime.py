@@ -40,7 +40,9 @@ class FakePolicy:
 
 def run(method: str, delay: int, steps: int = 40, spc: int = 4, policy=None, **kw):
     policy = policy or FakePolicy()
-    cfg = ExecutionConfig(method=method, delay=delay, overlap=kw.pop("overlap", 0))
+    cfg = ExecutionConfig(
+        method=method, delay=delay, overlap=kw.pop("overlap", 0), min_commit=kw.pop("min_commit", 0)
+    )
     runner = RealtimeRunner(policy, cfg, A, spc, ensemble=kw.pop("ensemble", 0.1), **kw)
     executed = []
     state = {"t": 0}
@@ -195,3 +197,35 @@ def test_second_difference_jump_leaves_out_the_motion_in_progress():
     np.testing.assert_allclose(stats.boundary_jumps2, want, rtol=1e-6)
     s = stats.summary()
     assert s["max_jump2"] == pytest.approx(max(want)) and s["mean_jump2"] == pytest.approx(np.mean(want))
+
+
+class CommittingPolicy(FakePolicy):
+    """As a policy trained with ``train.rtc.max_delay`` answers: the first ``inference_delay``
+    actions of its chunk are the committed prefix, as given."""
+
+    def infer(self, obs: dict) -> dict:
+        a = super().infer(obs)["actions"]
+        d = obs.get("inference_delay") or 0
+        if d:
+            a[:d] = obs["action_prefix"][:d]
+        return {"actions": a}
+
+
+@pytest.mark.parametrize("delay", [0, 1, 2])
+def test_min_commit_tells_the_policy_at_least_that_many_committed_actions(delay):
+    for min_commit in (0, 1, 3):
+        ex, stats, pol = run("rtc_training", delay, spc=4, policy=CommittingPolicy(), min_commit=min_commit)
+        commit = max(delay, min_commit)
+        assert all(r["inference_delay"] == commit for r in pol.requests[1:])
+        # The committed actions continue the old plan: no step is skipped or repeated (after the
+        # first chunk, which runs from its start once it arrives)...
+        assert (np.diff(ex[12:, 0]) == 1).all()
+        # ...and a switch (its jump) counts where the new chunk's own actions start.
+        switched = [t for t in range(2, len(ex)) if ex[t, 1] != ex[t - 1, 1] and ex[t - 2, 1] >= 1]
+        assert len(switched) == len(stats.boundary_jumps) >= 3
+        want = [float(np.linalg.norm(ex[t] - ex[t - 1])) for t in switched]
+        np.testing.assert_allclose(stats.boundary_jumps, want, rtol=1e-6)
+    with pytest.raises(ConfigError, match="min_commit"):
+        ExecutionConfig(method="rtc_training", min_commit=-1)
+    with pytest.raises(ValueError, match="min_commit"):
+        ChunkExecutor("rtc_training", 4, min_commit=-1)

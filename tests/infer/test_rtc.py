@@ -361,3 +361,23 @@ def test_execution_config_checks_the_guidance_mode():
     assert ExecutionConfig(method="rtc_inference", guidance="identity").guidance == "identity"
     with pytest.raises(ValueError, match="guidance"):
         ExecutionConfig(method="rtc_inference", guidance="jacobian")
+
+
+def test_vla_serve_takes_the_guidance_mode_and_metadata_reports_it(policy, monkeypatch):
+    import vlastack.infer.server as server_mod
+    from vlastack.cli import main
+
+    seen: dict = {}
+
+    def fake_load(cls, path, **kw):
+        seen.update(kw)
+        return policy
+
+    monkeypatch.setattr(Policy, "from_pretrained", classmethod(fake_load))
+    monkeypatch.setattr(server_mod, "PolicyServer", lambda p, **kw: p)
+    monkeypatch.setattr(server_mod, "run", lambda server: None)
+    assert main(["serve", "--policy", "any", "--guidance", "identity", "--guidance-max", "2"]) == 0
+    assert seen["guidance"] == "identity" and seen["guidance_max"] == 2.0
+    with pytest.raises(SystemExit):
+        main(["serve", "--policy", "any", "--guidance", "jacobian"])
+    assert policy.metadata["rtc_guidance"] == {"mode": "vjp", "max": 5.0}

@@ -572,6 +572,11 @@ class ExecutionConfig:
     # left). Shorter: the soft-guided region ends sooner and the new chunk follows the new
     # observation more, at the cost of larger jumps after the committed part.
     overlap: int = 0
+    # RTC methods: the policy is told at least this many committed actions even when the delay
+    # is shorter (0 = the delay). At d = 0 a chunk then starts with the executing chunk's next
+    # action and continues from it instead of starting afresh: a plan change never jumps at the
+    # switch. Training-time RTC feeds them clean; inference-time RTC weights them fully.
+    min_commit: int = 0
     delay_warmup: int = 2  # live delay: the first latencies (compile, caches) are not counted
     delay_quantile: float = 0.9  # live delay: this quantile of the recent latencies (in steps)
 
@@ -592,6 +597,7 @@ class ExecutionConfig:
         _check(self.bid_samples >= 1, "bid_samples", f"must be >= 1, got {self.bid_samples}")
         _check(self.bid_noise_scale > 0, "bid_noise_scale", f"must be > 0, got {self.bid_noise_scale}")
         _check(self.overlap >= 0, "overlap", f"must be >= 0 (0 = the whole leftover), got {self.overlap}")
+        _check(self.min_commit >= 0, "min_commit", f"must be >= 0 (0 = the delay), got {self.min_commit}")
         _check(self.delay_warmup >= 0, "delay_warmup", f"must be >= 0, got {self.delay_warmup}")
         _check(0 < self.delay_quantile <= 1, "delay_quantile", "must be in (0, 1]")
 

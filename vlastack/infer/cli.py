@@ -28,6 +28,8 @@ def _serve(args: argparse.Namespace) -> int:
         dtype=args.dtype,
         ema=args.ema,
         decoding=decoding,
+        guidance=args.guidance,
+        guidance_max=args.guidance_max,
     )
     server = PolicyServer(
         policy,
@@ -54,6 +56,7 @@ def _export(args: argparse.Namespace) -> int:
 
 def register(sub, groups) -> None:
     from vlastack.cli_common import float_at_least
+    from vlastack.config import GUIDANCE_MODES
 
     p = sub.add_parser("serve", help="serve a policy (openpi websocket protocol + HTTP /act, /metrics)")
     _policy_args(p)
@@ -83,6 +86,17 @@ def register(sub, groups) -> None:
         metavar="KEY=VALUE",
         help="token heads: temperature, top_p, max_decode_steps, invalid_decode (zero|repeat_last), "
         "constrained, exact_length (repeatable; see docs/model.md)",
+    )
+    p.add_argument(
+        "--guidance",
+        default="vjp",
+        choices=list(GUIDANCE_MODES),
+        help="inference-time RTC requests (rtc_method=rtc_inference): vjp, through the denoiser's "
+        "vector-Jacobian product (the paper's), or identity, the weighted error itself as LeRobot "
+        "does (no backward pass; docs/rtc.md)",
+    )
+    p.add_argument(
+        "--guidance-max", type=float_at_least(1e-6), default=5.0, help="inference-time RTC's clip beta"
     )
     p.set_defaults(func=_serve)
 

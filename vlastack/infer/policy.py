@@ -265,6 +265,9 @@ class Policy:
             "replan_steps": self.replan_steps,
             # Real-time chunking requests (``action_prefix``, infer/realtime.py) need a flow head.
             "rtc_methods": ["rtc_inference", "rtc_training", "bid"] if c.head_spec.denoise else [],
+            "rtc_guidance": {"mode": self.guidance, "max": self.guidance_max}
+            if c.head_spec.denoise
+            else None,
             "flat_keys": [*sorted(self.spec.aliases), "observation/state"],
         }
 

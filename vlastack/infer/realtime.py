@@ -111,8 +111,11 @@ class DelayEstimator:
 class Request:
     t: int  # the step whose observation it carries
     prefix: np.ndarray | None  # the executing chunk from step t on, [n, A] (RTC methods)
-    delay: int | None  # the estimate sent with it
+    delay: int | None  # the estimate of the delay
     sync: bool  # hold while it computes, then run the chunk from its start
+    # RTC: the committed actions the policy is told (inference_delay), max(delay, min_commit)
+    # within the prefix; None = unknown (the policy takes 0)
+    commit: int | None = None
 
 
 @dataclass
@@ -143,7 +146,9 @@ class ChunkExecutor:
     carries, which action runs. No threads and no clocks (``RealtimeRunner`` and the simulator
     drive it), so it is deterministic and testable step by step."""
 
-    def __init__(self, method: str, steps_per_chunk: int, ensemble: float = 0.0, overlap: int = 0) -> None:
+    def __init__(
+        self, method: str, steps_per_chunk: int, ensemble: float = 0.0, overlap: int = 0, min_commit: int = 0
+    ) -> None:
         if method not in EXECUTION_METHODS:
             raise ValueError(f"method must be one of {' | '.join(EXECUTION_METHODS)}, got {method!r}")
         if steps_per_chunk < 1:
@@ -154,6 +159,9 @@ class ChunkExecutor:
             raise ValueError(f"overlap must be >= 0 (0 = the whole leftover), got {overlap}")
         self.method, self.steps_per_chunk, self.ensemble = method, steps_per_chunk, ensemble
         self.overlap = overlap  # RTC: prefix actions sent, at least the delay (0: all left)
+        if min_commit < 0:
+            raise ValueError(f"min_commit must be >= 0 (0 = the delay), got {min_commit}")
+        self.min_commit = min_commit  # RTC: committed actions told to the policy, at least
         self.reset()
 
     def reset(self) -> None:
@@ -166,6 +174,7 @@ class ChunkExecutor:
         self.horizon: int | None = None  # known from the first chunk
         self.stats = ExecutionStats()
         self._switched = False
+        self._switch_at = 0  # the step a switch counts at: the new chunk's first uncommitted action
 
     def plan(self, delay: int) -> tuple[int, bool]:
         """-> (execution horizon s, synchronous fallback) for an expected ``delay``."""
@@ -198,14 +207,16 @@ class ChunkExecutor:
                     "cannot cover it; falling back to synchronous execution (the robot holds while "
                     "the next chunk computes)", delay, self.horizon,
                 )  # fmt: skip
-        prefix = None
+        prefix, commit = None, None
         if self.method in RTC and self.chunks:
             origin, chunk = self.chunks[-1]
             rest = chunk[self.t - origin :]
             if self.overlap:
-                rest = rest[: max(self.overlap, delay or 0)]
+                rest = rest[: max(self.overlap, delay or 0, self.min_commit)]
             prefix = rest if len(rest) else None
-        self.pending = Request(self.t, prefix, delay, sync)
+            if prefix is not None and (delay is not None or self.min_commit):
+                commit = min(max(delay or 0, self.min_commit), len(prefix))
+        self.pending = Request(self.t, prefix, delay, sync, commit)
         self.last_request = self.t
         self.stats.requests += 1
         return self.pending
@@ -227,6 +238,9 @@ class ChunkExecutor:
             self.chunks.clear()
         self.chunks.append((origin, np.asarray(chunk, np.float32)))
         self._switched = self.last_action is not None
+        # Its committed actions continue the old plan (min_commit above the delay): the switch,
+        # and its jump, is where the policy's own actions start.
+        self._switch_at = origin + (req.commit or 0) if not req.sync else self.t
 
     def action(self) -> np.ndarray | None:
         """This step's action [A], or None when nothing may run (sync wait, empty queue)."""
@@ -248,12 +262,12 @@ class ChunkExecutor:
         """After the step ran ``executed`` (a chunk's action) or held (``held``, no action ready)."""
         st = self.stats
         if executed is not None:
-            if self._switched and self.last_action is not None:
+            if self._switched and self.last_action is not None and self.t >= self._switch_at:
                 st.boundary_jumps.append(float(np.linalg.norm(executed - self.last_action)))
                 if self.prev_action is not None:
                     dv = (executed - self.last_action) - (self.last_action - self.prev_action)
                     st.boundary_jumps2.append(float(np.linalg.norm(dv)))
-            self._switched = False
+                self._switched = False
             self.prev_action, self.last_action = self.last_action, executed
         elif held:
             planned = self.pending is not None and (self.pending.sync or self.last_action is None)
@@ -293,7 +307,7 @@ class RealtimeRunner:
         if representation not in ACTION_REPRESENTATIONS:
             raise ValueError(f"representation must be 'delta' or 'absolute', got {representation!r}")
         self.representation = representation
-        self.executor = ChunkExecutor(cfg.method, steps_per_chunk, ensemble, cfg.overlap)
+        self.executor = ChunkExecutor(cfg.method, steps_per_chunk, ensemble, cfg.overlap, cfg.min_commit)
         self.estimator = DelayEstimator(hz or 1.0, cfg.delay_warmup, cfg.delay_quantile)
         self.assumed_delay = assumed_delay
         self.check = check or (lambda reply, t: np.asarray(reply["actions"], np.float32))
@@ -311,8 +325,8 @@ class RealtimeRunner:
         t0 = time.perf_counter()
         if req.prefix is not None:
             obs = {**obs, "action_prefix": req.prefix, "rtc_method": self.cfg.method}
-            if req.delay is not None:
-                obs["inference_delay"] = int(req.delay)
+            if req.commit is not None:
+                obs["inference_delay"] = int(req.commit)
         chunk = self.check(self.policy.infer(obs), t)
         return chunk, time.perf_counter() - t0
 

@@ -1,0 +1,153 @@
+"""Two follow-up checks on the fragile tasks' policies of ``python -m bench.rtc --tasks fragile``
+(trained there first if missing), at s = 4; each merged into ``bench/results/rtc.json`` under
+``representations.absolute.published_fragile`` (docs/rtc.md reads them).
+
+``min-commit`` (block ``min_commit_d0``): training-time RTC at d = 0 with a committed first action
+(``eval.execution.min_commit=1``), on a larger sample: 100 episodes per task (200 dynamic per
+cell, seeds 1,000,000-1,000,099) for the plain policy run synchronously and naively and the
+rtc-trained one without and with the option. At d = 0 training-time RTC has no committed prefix,
+so each chunk starts afresh; told one committed action, it continues the executing chunk.
+
+``denoise-steps`` (block ``denoise_steps_10``): inference-time RTC (identity and VJP guidance) at
+d = 2..4 with 10 Euler steps instead of the recipe's 5 (the plain policy's folder copied with
+``model.num_denoise_steps=10``; sampling only, the weights are the same), 25 episodes per task.
+Does a finer sampler pin the committed actions closer?
+
+``h16`` (block ``h16_plain``): a plain policy with chunk H = 16 (our protocol's; trained here on
+the same data, 3,000 steps like the others) run synchronously, naively and by inference-time RTC
+(VJP and identity guidance) at s = 4 and d = 0..4 and 8, 25 episodes per task. With H = 8 and
+s = 4 the whole leftover is committed at d = 4; with H = 16 a soft region of 8 actions remains.
+
+    python -m bench.rtc_fragile_checks min-commit        # ~2 min on 2 idle cores
+    python -m bench.rtc_fragile_checks denoise-steps     # ~1.5 min
+    python -m bench.rtc_fragile_checks h16               # ~9 min training + ~5 min evaluation
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import time
+from dataclasses import replace
+
+import bench.rtc as b
+from bench.common import RESULTS, write_results
+
+MIN_COMMIT_EPISODES = 100  # per task
+MIN_COMMIT_RUNS = (
+    ("sync", "plain", "sync", {}),
+    ("naive_async", "plain", "naive_async", {}),
+    ("rtc_training", "rtc_trained", "rtc_training", {}),
+    ("rtc_training min_commit=1", "rtc_trained", "rtc_training", {"min_commit": 1}),
+)
+DENOISE_STEPS = 10
+DENOISE_RUNS = (
+    ("rtc_inference identity", "plain", "rtc_inference", {"guidance_max": 5.0, "guidance": "identity"}),
+    ("rtc_inference", "plain", "rtc_inference", {"guidance_max": 5.0}),
+)
+
+
+def _merge(key: str, block: dict) -> None:
+    path = RESULTS / "rtc.json"
+    old = json.loads(path.read_text())
+    old.pop("environment", None)
+    old["representations"]["absolute"]["published_fragile"][key] = {
+        **block,
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "cpu_flags": b.cpu_flags(),
+    }
+    write_results("rtc", old)
+
+
+def min_commit(t0: float) -> None:
+    proto = replace(b.PROTOCOLS["published"], delays=(0,))
+    rows = b.evaluate_all(
+        "absolute", proto, t0, MIN_COMMIT_EPISODES, 2, runs=MIN_COMMIT_RUNS, goal_s_only=True
+    )
+    _merge("min_commit_d0", {
+        "note": "d = 0, s = 4: the plain policy run synchronously and naively, the rtc-trained policy by "
+        "training-time RTC without and with eval.execution.min_commit=1 (one committed action even at "
+        f"d = 0); {MIN_COMMIT_EPISODES} episodes per task, the policies of the block above",
+        "episodes_per_task": MIN_COMMIT_EPISODES,
+        "rows": rows,
+        "dynamic_success": {r["label"]: r["dynamic_success"] for r in rows},
+    })  # fmt: skip
+    for r in rows:
+        print(f"{r['label']:>28} d=0: dynamic {r['dynamic_success']:.0%}, spilled {r['dynamic_spilled']:.0%}")
+
+
+def denoise_steps(t0: float) -> None:
+    proto = replace(b.PROTOCOLS["published"], delays=(2, 3, 4))
+    src = b.policy_dir("absolute", proto, "plain")
+    dst = src.parent.parent / f"denoise{DENOISE_STEPS}"
+    shutil.rmtree(dst, ignore_errors=True)
+    shutil.copytree(src, dst)
+    for name in ("config.json", "config.yaml"):  # the sampler's step count; the weights are the same
+        f = dst / name
+        text = f.read_text()
+        old = ('"num_denoise_steps": 5', "num_denoise_steps: 5")
+        new = (f'"num_denoise_steps": {DENOISE_STEPS}', f"num_denoise_steps: {DENOISE_STEPS}")
+        if not any(o in text for o in old):
+            raise SystemExit(f"{f}: no num_denoise_steps 5 to replace")
+        for o, n in zip(old, new, strict=True):
+            text = text.replace(o, n)
+        f.write_text(text)
+    plain = b.policy_dir
+    b.policy_dir = lambda rep, pr, name: dst if name == "plain" else plain(rep, pr, name)
+    try:
+        rows = b.evaluate_all("absolute", proto, t0, b.EVAL_EPISODES, 2, runs=DENOISE_RUNS, goal_s_only=True)
+    finally:
+        b.policy_dir = plain
+    _merge("denoise_steps_10", {
+        "note": f"inference-time RTC with {DENOISE_STEPS} Euler steps instead of 5 (the same plain policy's "
+        f"weights), d = 2..4, s = 4, {b.EVAL_EPISODES} episodes per task, the seeds of the block above",
+        "num_denoise_steps": DENOISE_STEPS,
+        "rows": rows,
+        "dynamic_success": {f"{r['label']} d={r['delay']}": r["dynamic_success"] for r in rows},
+    })  # fmt: skip
+    for r in rows:
+        print(
+            f"{r['label']:>24} d={r['delay']}: dynamic {r['dynamic_success']:.0%}, spilled {r['dynamic_spilled']:.0%}"
+        )
+
+
+H16_RUNS = (
+    ("sync", "plain", "sync", {}),
+    ("naive_async", "plain", "naive_async", {}),
+    ("rtc_inference", "plain", "rtc_inference", {"guidance_max": 5.0}),
+    ("rtc_inference identity", "plain", "rtc_inference", {"guidance_max": 5.0, "guidance": "identity"}),
+)
+
+
+def h16(t0: float) -> None:
+    proto = replace(b.PROTOCOLS["ours"], delays=(0, 1, 2, 3, 4, 8))
+    info = b.train("absolute", proto, t0, 2, names=("plain",))
+    rows = b.evaluate_all("absolute", proto, t0, b.EVAL_EPISODES, 2, runs=H16_RUNS, goal_s_only=True)
+    f = b.run_dir("absolute", proto, "plain") / "bench_train.json"
+    _merge("h16_plain", {
+        "note": "a plain policy with H = 16 (the same data and 3,000-step recipe as the H = 8 policies "
+        f"above), s = 4 (s = d where d > 4), {b.EVAL_EPISODES} episodes per task, the seeds of the block above",
+        "horizon": proto.horizon,
+        "overrides": b.overrides(proto, "plain"),
+        "training": info.get("plain") or (json.loads(f.read_text()) if f.exists() else None),
+        "rows": rows,
+        "goals": b.goals(rows, replace(proto, delays=(0, 1, 2, 3, 4))),
+    })  # fmt: skip
+    for r in rows:
+        print(f"{r['label']:>24} d={r['delay']} s={r['s']}: dynamic {r['dynamic_success']:.0%}, "
+              f"spilled {r['dynamic_spilled']:.0%}, mean jump {r['dynamic_mean_jump']:.3f}")  # fmt: skip
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("check", choices=["min-commit", "denoise-steps", "h16"])
+    args = ap.parse_args()
+    b.use_task_set("fragile")
+    t0 = time.perf_counter()
+    b.train("absolute", b.PROTOCOLS["published"], t0, 2)  # no-op where the H = 8 policies exist
+    {"min-commit": min_commit, "denoise-steps": denoise_steps, "h16": h16}[args.check](t0)
+
+
+if __name__ == "__main__":
+    main()
