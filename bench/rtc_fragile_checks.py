@@ -18,9 +18,14 @@ the same data, 3,000 steps like the others) run synchronously, naively and by in
 (VJP and identity guidance) at s = 4 and d = 0..4 and 8, 25 episodes per task. With H = 8 and
 s = 4 the whole leftover is committed at d = 4; with H = 16 a soft region of 8 actions remains.
 
+``h16-trained`` (block ``h16_rtc_trained``): the same with training-time RTC, an H = 16 policy
+trained with ``train.rtc.max_delay=8`` (our protocol's), run by training-time RTC without and with
+``min_commit=1`` and naively.
+
     python -m bench.rtc_fragile_checks min-commit        # ~2 min on 2 idle cores
     python -m bench.rtc_fragile_checks denoise-steps     # ~1.5 min
     python -m bench.rtc_fragile_checks h16               # ~9 min training + ~5 min evaluation
+    python -m bench.rtc_fragile_checks h16-trained       # ~12 min training + ~4 min evaluation
 """
 
 from __future__ import annotations
@@ -139,14 +144,42 @@ def h16(t0: float) -> None:
               f"spilled {r['dynamic_spilled']:.0%}, mean jump {r['dynamic_mean_jump']:.3f}")  # fmt: skip
 
 
+H16_TRAINED_RUNS = (
+    ("rtc_training", "rtc_trained", "rtc_training", {}),
+    ("rtc_training min_commit=1", "rtc_trained", "rtc_training", {"min_commit": 1}),
+    ("naive_async (rtc-trained policy)", "rtc_trained", "naive_async", {}),
+)
+
+
+def h16_trained(t0: float) -> None:
+    proto = replace(b.PROTOCOLS["ours"], delays=(0, 1, 2, 3, 4, 8))
+    info = b.train("absolute", proto, t0, 2, names=("rtc_trained",))
+    rows = b.evaluate_all("absolute", proto, t0, b.EVAL_EPISODES, 2, runs=H16_TRAINED_RUNS, goal_s_only=True)
+    f = b.run_dir("absolute", proto, "rtc_trained") / "bench_train.json"
+    _merge("h16_rtc_trained", {
+        "note": "an H = 16 policy trained with train.rtc.max_delay=8 (the same data and 3,000-step recipe), "
+        f"s = 4, {b.EVAL_EPISODES} episodes per task, the seeds of the block above",
+        "horizon": proto.horizon,
+        "overrides": b.overrides(proto, "rtc_trained"),
+        "training": info.get("rtc_trained") or (json.loads(f.read_text()) if f.exists() else None),
+        "rows": rows,
+        "dynamic_success": {f"{r['label']} d={r['delay']}": r["dynamic_success"] for r in rows},
+    })  # fmt: skip
+    for r in rows:
+        print(f"{r['label']:>34} d={r['delay']}: dynamic {r['dynamic_success']:.0%}, "
+              f"spilled {r['dynamic_spilled']:.0%}, mean jump {r['dynamic_mean_jump']:.3f}")  # fmt: skip
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("check", choices=["min-commit", "denoise-steps", "h16"])
+    ap.add_argument("check", choices=["min-commit", "denoise-steps", "h16", "h16-trained"])
     args = ap.parse_args()
     b.use_task_set("fragile")
     t0 = time.perf_counter()
     b.train("absolute", b.PROTOCOLS["published"], t0, 2)  # no-op where the H = 8 policies exist
-    {"min-commit": min_commit, "denoise-steps": denoise_steps, "h16": h16}[args.check](t0)
+    {"min-commit": min_commit, "denoise-steps": denoise_steps, "h16": h16, "h16-trained": h16_trained}[
+        args.check
+    ](t0)
 
 
 if __name__ == "__main__":
