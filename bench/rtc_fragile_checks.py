@@ -1,4 +1,4 @@
-"""Two follow-up checks on the fragile tasks' policies of ``python -m bench.rtc --tasks fragile``
+"""Follow-up checks on the fragile tasks' policies of ``python -m bench.rtc --tasks fragile``
 (trained there first if missing), at s = 4; each merged into ``bench/results/rtc.json`` under
 ``representations.absolute.published_fragile`` (docs/rtc.md reads them).
 
@@ -123,27 +123,6 @@ H16_RUNS = (
     ("rtc_inference", "plain", "rtc_inference", {"guidance_max": 5.0}),
     ("rtc_inference identity", "plain", "rtc_inference", {"guidance_max": 5.0, "guidance": "identity"}),
 )
-
-
-def h16(t0: float) -> None:
-    proto = replace(b.PROTOCOLS["ours"], delays=(0, 1, 2, 3, 4, 8))
-    info = b.train("absolute", proto, t0, 2, names=("plain",))
-    rows = b.evaluate_all("absolute", proto, t0, b.EVAL_EPISODES, 2, runs=H16_RUNS, goal_s_only=True)
-    f = b.run_dir("absolute", proto, "plain") / "bench_train.json"
-    _merge("h16_plain", {
-        "note": "a plain policy with H = 16 (the same data and 3,000-step recipe as the H = 8 policies "
-        f"above), s = 4 (s = d where d > 4), {b.EVAL_EPISODES} episodes per task, the seeds of the block above",
-        "horizon": proto.horizon,
-        "overrides": b.overrides(proto, "plain"),
-        "training": info.get("plain") or (json.loads(f.read_text()) if f.exists() else None),
-        "rows": rows,
-        "goals": b.goals(rows, replace(proto, delays=(0, 1, 2, 3, 4))),
-    })  # fmt: skip
-    for r in rows:
-        print(f"{r['label']:>24} d={r['delay']} s={r['s']}: dynamic {r['dynamic_success']:.0%}, "
-              f"spilled {r['dynamic_spilled']:.0%}, mean jump {r['dynamic_mean_jump']:.3f}")  # fmt: skip
-
-
 H16_TRAINED_RUNS = (
     ("rtc_training", "rtc_trained", "rtc_training", {}),
     ("rtc_training min_commit=1", "rtc_trained", "rtc_training", {"min_commit": 1}),
@@ -151,23 +130,43 @@ H16_TRAINED_RUNS = (
 )
 
 
-def h16_trained(t0: float) -> None:
+def _h16_rows(t0: float, name: str, runs: tuple) -> tuple[b.Protocol, list[dict], dict]:
+    """Train the H = 16 policy ``name`` (if missing) and run ``runs`` at s = 4 and d = 0..4, 8:
+    -> (protocol, rows, its training record)."""
     proto = replace(b.PROTOCOLS["ours"], delays=(0, 1, 2, 3, 4, 8))
-    info = b.train("absolute", proto, t0, 2, names=("rtc_trained",))
-    rows = b.evaluate_all("absolute", proto, t0, b.EVAL_EPISODES, 2, runs=H16_TRAINED_RUNS, goal_s_only=True)
-    f = b.run_dir("absolute", proto, "rtc_trained") / "bench_train.json"
+    info = b.train("absolute", proto, t0, 2, names=(name,))
+    rows = b.evaluate_all("absolute", proto, t0, b.EVAL_EPISODES, 2, runs=runs, goal_s_only=True)
+    f = b.run_dir("absolute", proto, name) / "bench_train.json"
+    for r in rows:
+        print(f"{r['label']:>34} d={r['delay']}: dynamic {r['dynamic_success']:.0%}, "
+              f"spilled {r['dynamic_spilled']:.0%}, mean jump {r['dynamic_mean_jump']:.3f}")  # fmt: skip
+    return proto, rows, info.get(name) or (json.loads(f.read_text()) if f.exists() else None)
+
+
+def h16(t0: float) -> None:
+    proto, rows, training = _h16_rows(t0, "plain", H16_RUNS)
+    _merge("h16_plain", {
+        "note": "a plain policy with H = 16 (the same data and 3,000-step recipe as the H = 8 policies "
+        f"above), s = 4 (s = d where d > 4), {b.EVAL_EPISODES} episodes per task, the seeds of the block above",
+        "horizon": proto.horizon,
+        "overrides": b.overrides(proto, "plain"),
+        "training": training,
+        "rows": rows,
+        "goals": b.goals(rows, replace(proto, delays=(0, 1, 2, 3, 4))),
+    })  # fmt: skip
+
+
+def h16_trained(t0: float) -> None:
+    proto, rows, training = _h16_rows(t0, "rtc_trained", H16_TRAINED_RUNS)
     _merge("h16_rtc_trained", {
         "note": "an H = 16 policy trained with train.rtc.max_delay=8 (the same data and 3,000-step recipe), "
         f"s = 4, {b.EVAL_EPISODES} episodes per task, the seeds of the block above",
         "horizon": proto.horizon,
         "overrides": b.overrides(proto, "rtc_trained"),
-        "training": info.get("rtc_trained") or (json.loads(f.read_text()) if f.exists() else None),
+        "training": training,
         "rows": rows,
         "dynamic_success": {f"{r['label']} d={r['delay']}": r["dynamic_success"] for r in rows},
     })  # fmt: skip
-    for r in rows:
-        print(f"{r['label']:>34} d={r['delay']}: dynamic {r['dynamic_success']:.0%}, "
-              f"spilled {r['dynamic_spilled']:.0%}, mean jump {r['dynamic_mean_jump']:.3f}")  # fmt: skip
 
 
 def main() -> None:
