@@ -191,3 +191,14 @@ def test_cpu_peak_memory_is_the_process_own_not_its_launchers():
         mine = next(int(ln.split()[1]) for ln in f if ln.startswith("VmRSS:")) / 2**10
     assert child < mine - 400, (child, mine)
     del ballast
+
+
+def test_auto_precision_plans_what_training_would_take(monkeypatch):
+    """``train.precision=auto`` is planned as the precision the trainer would measure and take."""
+    from vlastack.train import precision as prec
+
+    monkeypatch.setattr(prec, "measure", lambda shapes: (1.0, 12.0))  # an AVX2-only CPU
+    p = plan(micro_cfg("train.precision=auto"), infer=False)
+    assert p["precision"] == "fp32"
+    if not torch.cuda.is_available():
+        assert prec.resolve_auto(micro_cfg("train.precision=auto"), "cuda")[0].train.precision == "bf16"

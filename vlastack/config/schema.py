@@ -481,7 +481,7 @@ class TrainConfig:
     warmup_steps: int = 100
     min_lr_ratio: float = 0.1
     grad_clip: float = 1.0
-    precision: str = "fp32"  # fp32 | bf16 | fp16
+    precision: str = "fp32"  # fp32 | bf16 | fp16 | auto (measured at start: train/precision.py)
     optimizer: str = "adamw"  # adamw | adamw8bit
     ema_decay: float = 0.0  # 0 = off
     lora_rank: int = 0  # 0 = full fine-tuning
@@ -518,9 +518,9 @@ class TrainConfig:
         _check(self.num_threads >= 0, "num_threads", "must be >= 0 (0 = default)")
         _check(self.lr >= 0, "lr", "must be >= 0")
         _check(
-            self.precision in ("fp32", "bf16", "fp16"),
+            self.precision in ("fp32", "bf16", "fp16", "auto"),
             "precision",
-            f"must be fp32|bf16|fp16, got {self.precision!r}",
+            f"must be fp32|bf16|fp16|auto, got {self.precision!r}",
         )
         _check(self.optimizer in ("adamw", "adamw8bit"), "optimizer", f"unknown optimizer {self.optimizer!r}")
         _check(

@@ -291,6 +291,8 @@ def run_doctor(
             f"doctor: building the trainer ({'synthetic data' if data is None and dataset is None else data or 'dataset'})"
         )
         s = Session(cfg, Path(tmp) / "run", data, dataset, opts.device, prepare)
+        if cfg.train.precision == "auto":  # the report and --try use what the trainer measured
+            cfg = replace(cfg, train=replace(cfg.train, precision=s.trainer.cfg.train.precision))
         log(f"doctor: {opts.warmup} warm-up steps under the memory tracker")
         mem = s.memory(opts.warmup, snapshot=out / "cuda_memory_snapshot.pickle")
         log(f"doctor: {opts.steps} timed steps")

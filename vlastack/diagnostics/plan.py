@@ -273,6 +273,9 @@ def plan(
         raise ValueError(
             "the process RSS is predicted for CPU training only: use --no-rss with --target cuda"
         )
+    from vlastack.train.precision import resolve_auto
+
+    cfg, _ = resolve_auto(cfg, target)  # auto: what training on ``target`` would measure and take
     cache: dict = {}
     bs = cfg.train.batch_size
     base = Variant("as configured")

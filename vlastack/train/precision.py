@@ -14,11 +14,11 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
-from vlastack.config import ModelConfig
+from vlastack.config import Config, ModelConfig
 
 # bf16 is taken only below this kernel-time ratio. A whole bf16 training step gains less than its
 # matmuls (casts, fp32 norms and softmax): on avx512_bf16 a 0.5x matmul makes a ~0.8x step, and
@@ -98,6 +98,8 @@ def choose_precision(
     bf16 is taken when the GPU supports it (tensor cores; nothing to measure)."""
     nan = float("nan")
     if device_type == "cuda":
+        if not torch.cuda.is_available():  # planning for a GPU from a CPU machine: the usual case
+            return PrecisionChoice("bf16", nan, nan, nan, "bf16: the target is a CUDA GPU (Ampere or newer)")
         if torch.cuda.is_bf16_supported():
             return PrecisionChoice("bf16", nan, nan, nan, "bf16: a CUDA GPU with bf16 support")
         return PrecisionChoice("fp32", nan, nan, nan, "fp32: this CUDA GPU has no bf16 support")
@@ -112,6 +114,29 @@ def choose_precision(
         f"bf16 needs < {max_ratio}x, i.e. native avx512_bf16/AMX)"
     )
     return PrecisionChoice("fp32", ratio, 1e3 * fp32_s, 1e3 * bf16_s, why)
+
+
+def resolve_auto(
+    cfg: Config,
+    device_type: str,
+    previous: str | None = None,
+    timer: Callable[[list[tuple[int, int, int]]], tuple[float, float]] | None = None,
+) -> tuple[Config, str | None]:
+    """``cfg`` with ``train.precision: auto`` made concrete, and the one-line reason (None when
+    ``cfg`` did not ask for ``auto``).
+
+    ``previous`` is the precision a resumed run trained in: it is kept, so a run resumed on another
+    kind of CPU continues the same computation instead of switching mid-run. Otherwise the model's
+    own matmul shapes are timed (``choose_precision``): bf16 on CPUs with native bf16 and on CUDA
+    GPUs that support it, fp32 elsewhere (on AVX2-only CPUs bf16 runs ~10x slower)."""
+    if cfg.train.precision != "auto":
+        return cfg, None
+    if previous is not None and previous != "auto":
+        precision, why = previous, f"{previous}: the precision the resumed run trained in"
+    else:
+        choice = choose_precision(matmul_shapes(cfg.model, cfg.train.batch_size), device_type, timer=timer)
+        precision, why = choice.precision, choice.reason
+    return replace(cfg, train=replace(cfg.train, precision=precision)), f"train.precision=auto -> {why}"
 
 
 def cpu_capability() -> str:

@@ -27,6 +27,11 @@ class StepResult:
 
 
 def autocast_ctx(device_type: str, precision: str):
+    if precision not in DTYPES:  # "auto" is made concrete by the Trainer (train/precision.py)
+        raise ValueError(
+            f"precision {precision!r}: expected one of {sorted(DTYPES)}; resolve train.precision=auto "
+            "first with vlastack.train.precision.resolve_auto"
+        )
     dt = DTYPES[precision]
     if dt is None:
         return contextlib.nullcontext()

@@ -27,7 +27,7 @@ from safetensors.torch import save_file
 from torch.utils.data import default_collate
 
 from vlastack.batch import Batch, to_device, validate_batch
-from vlastack.config import Config, ModelConfig, save_yaml
+from vlastack.config import Config, ModelConfig, load_yaml, save_yaml
 from vlastack.data.check import check_training_data
 from vlastack.data.format import action_representation
 from vlastack.data.loader import MemoryDataset, ResumableBatchSampler, training_batches
@@ -48,6 +48,7 @@ from vlastack.train.parallel import (
     init_distributed,
     uncompile,
 )
+from vlastack.train.precision import resolve_auto
 from vlastack.train.runctl import RunLock, StopSignals, TrainingStopped
 from vlastack.train.state import load_state, rng_state, save_state, set_rng_state
 from vlastack.train.step import StepResult, make_scaler, train_step
@@ -239,6 +240,7 @@ class Trainer:
 
     def _setup(self, cfg: Config, data_path, resume: bool, dataset, verbose: bool) -> None:
         """Data, model, optimizer, training state and logger: the rest of ``__init__``."""
+        cfg = self.cfg = self._concrete_precision(cfg, resume, verbose)
         t = cfg.train
         self.data_root = data_path or cfg.data.path  # train_seeds.json reads its generator record
         # ---- data (refused before any training if it does not fit the model)
@@ -315,6 +317,33 @@ class Trainer:
         if self.is_main and verbose:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             save_yaml(cfg, self.run_dir / "config.yaml")
+
+    def _concrete_precision(self, cfg: Config, resume: bool, verbose: bool) -> Config:
+        """``train.precision: auto`` measured once (rank 0's choice for every rank), or the resumed
+        checkpoint's precision; the run's config.yaml records the result."""
+        self.precision_reason: str | None = None
+        if cfg.train.precision != "auto":
+            return cfg
+        previous = None
+        if resume and (path := ck.latest_checkpoint(self.run_dir)) is not None:
+            try:
+                previous = load_yaml(path / "config.yaml").train.precision
+            except (OSError, ValueError):
+                previous = None  # _resume refuses an unreadable checkpoint with the reason
+        cfg, why = resolve_auto(cfg, self.device.type, previous)
+        if self.dist.enabled and self.device.type == "cpu":  # timings differ per process
+            code = torch.tensor([cfg.train.precision == "bf16"], dtype=torch.int32)
+            dist.broadcast(code, src=0)
+            chosen = "bf16" if bool(code.item()) else "fp32"
+            if chosen != cfg.train.precision:
+                cfg, why = (
+                    replace(cfg, train=replace(cfg.train, precision=chosen)),
+                    f"{chosen}: rank 0's choice",
+                )
+        self.precision_reason = why
+        if self.is_main and verbose:
+            print(why, flush=True)
+        return cfg
 
     # ------------------------------------------------------------------ state
 
