@@ -9,6 +9,8 @@
     .venv/bin/python bench/metaworld.py eval --suite mt10 --run runs/mt10 [--episodes-per-task 50] [--as NAME]
     # the grounding head's object / goal error in cm, training vs held-out layouts
     .venv/bin/python bench/metaworld.py grounding --suite mt10 --run runs/mt10 [--as NAME]
+    # all of it, each step only if not done yet: run the same command again to continue
+    .venv/bin/python bench/metaworld.py pipeline --suite mt50 --data data/mt50 --run runs/mt50 --episodes-per-task 10
     # record a row evaluated elsewhere (e.g. a LeRobot policy scored on the same seeds)
     .venv/bin/python bench/metaworld.py record --suite mt10 --policy lerobot_act --eval-json X --cpu-hours H
 
@@ -204,6 +206,40 @@ def cmd_eval(args: argparse.Namespace) -> None:
     record(args.suite, args.row, out / "eval.json", run)
 
 
+def training_done(run: Path) -> bool:
+    """The run reached its recipe's ``train.steps`` and exported ``final``."""
+    summary = run / "train_summary.json"
+    if not (run / "final" / "config.yaml").is_file() or not summary.is_file():
+        return False
+    from vlastack.config import load_yaml
+
+    return json.loads(summary.read_text())["steps"] >= load_yaml(run / "final" / "config.yaml").train.steps
+
+
+def cmd_pipeline(args: argparse.Namespace) -> None:
+    """Whatever is left of generate -> train -> eval, each step resumable: the same command
+    continues a run spread over several sessions or days."""
+    data, run = Path(args.data), Path(args.run)
+    if not (data / "meta" / "vlastack_sim.json").is_file():  # written last: a finished dataset
+        gen = [sys.executable, "-m", "vlastack.cli", "data", "generate", "--suite", "metaworld", "--tasks",
+               args.suite.upper(), "--episodes-per-task", str(args.data_episodes_per_task), "--render-quality", "fast", "--workers",
+               str(args.workers), "--out", str(data)]  # fmt: skip
+        print("$", " ".join(gen), flush=True)
+        if subprocess.call(gen) != 0:
+            sys.exit(1)
+    if not training_done(run):
+        targs = argparse.Namespace(suite=args.suite, run=str(run), data=str(data), overrides=args.overrides)
+        try:
+            cmd_train(targs)
+        except SystemExit as e:
+            if e.code:
+                raise
+    out = run / "eval"
+    if not (out / "eval.json").is_file():
+        cmd_eval(argparse.Namespace(suite=args.suite, run=str(run), out=str(out), workers=args.workers,
+                                    episodes_per_task=args.episodes_per_task, row=args.row, overrides=args.overrides))  # fmt: skip
+
+
 def grounding_errors(policy_dir: Path, tasks: list[str], train_pairs: list, n: int = 20) -> dict:
     """How far the grounding head's object and goal estimates are from the truth, in cm, on ``n``
     training layouts and ``n`` held-out ones (seeds 1000.., lerobot-eval's) of every task. Read on
@@ -330,6 +366,15 @@ def main() -> None:
     g.add_argument("--tasks", default="MT10")
     g.add_argument("--layouts", type=int, default=20)
     g.add_argument("--as", dest="row", default="vlastack", help="the row's name in metaworld.json")
+    p = sub.add_parser("pipeline", help="generate -> train -> eval, each only if not done (resumable)")
+    p.add_argument("--suite", choices=sorted(RECIPES), required=True)
+    p.add_argument("--run", required=True)
+    p.add_argument("--data", required=True)
+    p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--episodes-per-task", type=int, default=None, help="evaluation (default: the recipe's)")
+    p.add_argument("--data-episodes-per-task", type=int, default=50, help="generated (LeRobot's: 50)")
+    p.add_argument("--as", dest="row", default="vlastack", help="the row's name in metaworld.json")
+    p.add_argument("overrides", nargs="*", help="dotted config overrides (training and evaluation)")
     r = sub.add_parser("record")
     r.add_argument("--suite", choices=sorted(RECIPES), required=True)
     r.add_argument("--policy", required=True)
@@ -346,9 +391,8 @@ def main() -> None:
             args.cpu_hours,
         )
     else:
-        {"expert": cmd_expert, "train": cmd_train, "eval": cmd_eval, "grounding": cmd_grounding}[args.cmd](
-            args
-        )
+        cmds = {"expert": cmd_expert, "train": cmd_train, "eval": cmd_eval, "grounding": cmd_grounding}
+        {**cmds, "pipeline": cmd_pipeline}[args.cmd](args)
 
 
 if __name__ == "__main__":

@@ -180,7 +180,10 @@ def policy_dir(rep: str, proto: Protocol, name: str) -> Path:
 
 
 def overrides(proto: Protocol, name: str) -> list[str]:
-    extra = [f"train.rtc.max_delay={proto.max_delay}"] if name == "rtc_trained" else []
+    extra = []
+    if name.startswith("rtc_trained"):  # "rtc_trained", or "rtc_trained_d<N>" for max_delay N
+        tail = name.removeprefix("rtc_trained")
+        extra = [f"train.rtc.max_delay={int(tail.removeprefix('_d')) if tail else proto.max_delay}"]
     return [f"model.action_horizon={proto.horizon}", f"train.steps={STEPS}", f"train.save_every={STEPS}",
             *COMMON, *extra]  # fmt: skip
 

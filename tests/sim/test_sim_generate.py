@@ -138,7 +138,8 @@ def test_generate_records_environment_state_for_grounding(tmp_path):
 
 def test_per_task_generation_resumes_after_an_interruption(tmp_path, monkeypatch):
     """`--episodes-per-task` writes each task as a finished part first: a run stopped in the second
-    task keeps the first, and the re-run skips it and ends with the data of an uninterrupted run."""
+    task keeps the first, and the re-run skips it and ends with the data of an uninterrupted run; a
+    run stopped in the merge merges again."""
     from vlastack.sim import generate as gen
 
     kw = {
@@ -167,7 +168,19 @@ def test_per_task_generation_resumes_after_an_interruption(tmp_path, monkeypatch
     calls.clear()
     monkeypatch.setattr(gen, "_ENVS", {})
     monkeypatch.setattr(gen, "_job", lambda task, *a, **k: calls.append(task) or real_job(task, *a, **k))
-    resumed = generate(tmp_path / "ds", **kw)
+    real_merge = gen._merge_parts
+
+    def stop_in_merge(parts, out, *a):  # the merge dies after writing part of the dataset
+        (out / "meta").mkdir(parents=True)
+        (out / "meta" / "info.json").write_text("{")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(gen, "_merge_parts", stop_in_merge)
+    with pytest.raises(KeyboardInterrupt):
+        generate(tmp_path / "ds", **kw)
+    assert set(calls) == {"push"} and (tmp_path / "ds.parts/push/meta/vlastack_sim.json").is_file()
+    monkeypatch.setattr(gen, "_merge_parts", real_merge)
+    resumed = generate(tmp_path / "ds", **kw)  # merges again over the unfinished output
     assert set(calls) == {"push"} and not (tmp_path / "ds.parts").exists()  # reach was not re-run
     assert resumed["episodes"] == full["episodes"] == 4 and resumed["frames"] == full["frames"]
     a, b = LeRobotDataset(tmp_path / "full"), LeRobotDataset(tmp_path / "ds")

@@ -370,9 +370,16 @@ def _generate_by_parts(
     rendered: where a run was interrupted changes no episode, seed, value or frame (with freshly
     built envs: a renderer's first frames differ slightly from a warmed-up one's;
     tests/sim/test_sim_generate.py)."""
-    if out.exists() and not overwrite:
-        raise ValueError(f"{out}: already exists (pass overwrite=True to replace it)")
     parts = out.with_name(out.name + PARTS_SUFFIX)
+    # A merge stopped midway leaves ``out`` without its closing record while the parts remain:
+    # it is this generation's own unfinished output, so the re-run merges again over it.
+    merge_stopped = (
+        out.exists()
+        and not (out / "meta" / "vlastack_sim.json").is_file()
+        and (parts / "settings.json").is_file()
+    )
+    if out.exists() and not overwrite and not merge_stopped:
+        raise ValueError(f"{out}: already exists (pass overwrite=True to replace it)")
     # What decides the content (not workers or the progress bar): a resumed run must match it.
     settings = {k: v for k, v in kw.items() if k not in ("workers", "progress")}
     settings.update(cameras=list(kw["cameras"]), tasks=list(names))
@@ -396,7 +403,7 @@ def _generate_by_parts(
             print(f"task {i + 1}/{len(names)}: {t}", flush=True)
         generate(part, tasks=(t,), video_quality="lossless", overwrite=True, resumable=False, **kw)
         reports.append(json.loads((part / "meta" / "vlastack_sim.json").read_text()))
-    _merge_parts([parts / t for t in names], out, video_quality, overwrite, kw["progress"])
+    _merge_parts([parts / t for t in names], out, video_quality, overwrite or merge_stopped, kw["progress"])
     report = {**reports[0], "tasks": list(names), "video_quality": video_quality,
               "episodes": sum(r["episodes"] for r in reports), "attempts": sum(r["attempts"] for r in reports),
               "frames": sum(r["frames"] for r in reports), "wall_s": time.perf_counter() - t0,
