@@ -24,11 +24,17 @@ trained with ``train.rtc.max_delay=8`` (our protocol's), run by training-time RT
 trained with ``train.rtc.max_delay=4`` (the published protocol's): fewer actions per sample are
 given clean and left out of the loss.
 
+``guidance-max`` (block ``h16_guidance_max``): inference-time RTC on the H = 16 plain policy with
+a higher guidance clip beta (identity guidance at 10, 20 and 50, VJP at 20; the published 5 in
+``h16_plain``), d = 0..4: does a stronger pull toward the leftover cut the boundary jumps to a
+third of naive's without losing success?
+
     python -m bench.rtc_fragile_checks min-commit        # ~2 min on 2 idle cores
     python -m bench.rtc_fragile_checks denoise-steps     # ~1.5 min
     python -m bench.rtc_fragile_checks h16               # ~9 min training + ~5 min evaluation
     python -m bench.rtc_fragile_checks h16-trained       # ~12 min training + ~4 min evaluation
     python -m bench.rtc_fragile_checks h16-trained-d4    # the same
+    python -m bench.rtc_fragile_checks guidance-max      # ~5 min evaluation
 """
 
 from __future__ import annotations
@@ -190,9 +196,43 @@ def h16_trained_d4(t0: float) -> None:
     })  # fmt: skip
 
 
+GUIDANCE_MAX = (10.0, 20.0, 50.0)
+GUIDANCE_RUNS = (
+    *((f"rtc_inference identity beta={m:g}", "plain", "rtc_inference", {"guidance_max": m, "guidance": "identity"})
+      for m in GUIDANCE_MAX),
+    ("rtc_inference beta=20", "plain", "rtc_inference", {"guidance_max": 20.0}),
+)  # fmt: skip
+
+
+def guidance_max(t0: float) -> None:
+    """Inference-time RTC on the H = 16 plain policy with a higher guidance clip (beta): a stronger
+    pull toward the leftover chunk at the splice; naive's jumps from block ``h16_plain`` (same seeds)."""
+    proto = replace(b.PROTOCOLS["ours"], delays=(0, 1, 2, 3, 4))
+    b.train("absolute", proto, t0, 2, names=("plain",))  # no-op where the H = 16 policy exists
+    rows = b.evaluate_all("absolute", proto, t0, b.EVAL_EPISODES, 2, runs=GUIDANCE_RUNS, goal_s_only=True)
+    old = json.loads((RESULTS / "rtc.json").read_text())["representations"]["absolute"]["published_fragile"]
+    naive = [
+        r for r in old["h16_plain"]["rows"] if r["label"] == "naive_async" and r["delay"] in proto.delays
+    ]
+    _merge("h16_guidance_max", {
+        "note": "inference-time RTC on the H = 16 plain policy (block h16_plain) with guidance_max (beta) "
+        f"{', '.join(f'{m:g}' for m in GUIDANCE_MAX)} (identity) and 20 (VJP) instead of 5; s = 4, "
+        f"{b.EVAL_EPISODES} episodes per task, the seeds of h16_plain, whose naive rows the jumps are divided by",
+        "horizon": proto.horizon,
+        "rows": rows,
+        "goals": b.goals(rows + naive, proto, labels=tuple(r[0] for r in GUIDANCE_RUNS)),
+    })  # fmt: skip
+    for r in rows:
+        print(f"{r['label']:>34} d={r['delay']}: dynamic {r['dynamic_success']:.0%}, "
+              f"spilled {r['dynamic_spilled']:.0%}, mean jump {r['dynamic_mean_jump']:.4f}")  # fmt: skip
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("check", choices=["min-commit", "denoise-steps", "h16", "h16-trained", "h16-trained-d4"])
+    ap.add_argument(
+        "check",
+        choices=["min-commit", "denoise-steps", "h16", "h16-trained", "h16-trained-d4", "guidance-max"],
+    )
     args = ap.parse_args()
     b.use_task_set("fragile")
     t0 = time.perf_counter()
@@ -203,7 +243,7 @@ def main() -> None:
         "h16": h16,
         "h16-trained": h16_trained,
     }
-    checks["h16-trained-d4"] = h16_trained_d4
+    checks.update({"h16-trained-d4": h16_trained_d4, "guidance-max": guidance_max})
     checks[args.check](t0)
 
 
