@@ -394,14 +394,19 @@ def _generate_by_parts(
     stamp.write_text(json.dumps(settings))
     t0 = time.perf_counter()
     reports = []
+    done_here, t_here = 0, 0.0  # tasks written by this run, and their time: the pace for the estimate
     for i, t in enumerate(names):
         part = parts / t
         if (part / "meta" / "vlastack_sim.json").is_file():  # finished before an interruption
             reports.append(json.loads((part / "meta" / "vlastack_sim.json").read_text()))
             continue
         if kw["progress"]:
-            print(f"task {i + 1}/{len(names)}: {t}", flush=True)
+            left = len(names) - len(reports)
+            pace = f"; ~{left * t_here / done_here / 60:.0f} min left at this pace" if done_here else ""
+            print(f"task {i + 1}/{len(names)}: {t} ({len(reports)} done{pace})", flush=True)
+        t1 = time.perf_counter()
         generate(part, tasks=(t,), video_quality="lossless", overwrite=True, resumable=False, **kw)
+        done_here, t_here = done_here + 1, t_here + time.perf_counter() - t1
         reports.append(json.loads((part / "meta" / "vlastack_sim.json").read_text()))
     _merge_parts([parts / t for t in names], out, video_quality, overwrite or merge_stopped, kw["progress"])
     report = {**reports[0], "tasks": list(names), "video_quality": video_quality,
