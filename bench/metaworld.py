@@ -221,9 +221,9 @@ def cmd_pipeline(args: argparse.Namespace) -> None:
     continues a run spread over several sessions or days."""
     data, run = Path(args.data), Path(args.run)
     if not (data / "meta" / "vlastack_sim.json").is_file():  # written last: a finished dataset
-        gen = [sys.executable, "-m", "vlastack.cli", "data", "generate", "--suite", "metaworld", "--tasks",
-               args.suite.upper(), "--episodes-per-task", str(args.data_episodes_per_task), "--render-quality", "fast", "--workers",
-               str(args.workers), "--out", str(data)]  # fmt: skip
+        gen = [sys.executable, "-m", "vlastack.cli", "data", "generate", "--suite", "metaworld",
+               "--tasks", args.suite.upper(), "--episodes-per-task", str(args.data_episodes_per_task),
+               "--render-quality", "fast", "--workers", str(args.workers), "--out", str(data)]  # fmt: skip
         print("$", " ".join(gen), flush=True)
         if subprocess.call(gen) != 0:
             sys.exit(1)
@@ -237,7 +237,8 @@ def cmd_pipeline(args: argparse.Namespace) -> None:
     out = run / "eval"
     if not (out / "eval.json").is_file():
         cmd_eval(argparse.Namespace(suite=args.suite, run=str(run), out=str(out), workers=args.workers,
-                                    episodes_per_task=args.episodes_per_task, row=args.row, overrides=args.overrides))  # fmt: skip
+                                    episodes_per_task=args.episodes_per_task, row=args.row,
+                                    overrides=args.overrides))  # fmt: skip
 
 
 def grounding_errors(policy_dir: Path, tasks: list[str], train_pairs: list, n: int = 20) -> dict:
