@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 
 from vlastack.cli import main
 from vlastack.config import load_yaml
@@ -151,3 +152,42 @@ def test_sigterm_under_torchrun_saves_every_rank_then_resumes(sim_data, tmp_path
                               f"--master_port={port + 1}", *args, f"train.steps={step + 2}", "--resume"],
                              capture_output=True, text=True, timeout=300, env=env)  # fmt: skip
     assert resumed.returncode == 0, (resumed.stdout + resumed.stderr)[-3000:]
+
+
+def test_preload_cache_is_mapped_back_on_resume_and_renamed_by_changes(
+    sim_data, tmp_path, monkeypatch, capsys
+):
+    """``train.preload_cache``: the preloaded samples are written once under <run>/preload; a resumed
+    run maps them back instead of decoding (bit-identical tensors), and other settings name another file."""
+    from vlastack.data import loader
+
+    run = tmp_path / "run"
+    ov = [*OV, "train.eval_every=0", "train.preload=true", "train.preload_cache=true"]
+    assert main(["train", "--data", str(sim_data), "--out", str(run), *ov, "train.steps=2"]) == 0
+    (first,) = (run / "preload").glob("*.safetensors")
+    decoded = loader.load_file(str(first))
+
+    def no_decoding(*a, **k):
+        raise AssertionError("decoded although the cache holds these samples")
+
+    seen = []
+    real_load = loader.load_file
+    monkeypatch.setattr(loader.MemoryDataset, "_decode", no_decoding)
+    monkeypatch.setattr(loader, "load_file", lambda p: seen.append(real_load(p)) or seen[-1])
+    assert main(["train", "--data", str(sim_data), "--out", str(run), *ov, "train.steps=4", "--resume"]) == 0
+    assert len(seen) == 1 and seen[0].keys() == decoded.keys()
+    assert all(torch.equal(seen[0][k], decoded[k]) for k in decoded)
+    monkeypatch.undo()
+    # Another chunk length makes other samples: another name, decoded again.
+    other = tmp_path / "other"
+    assert main(["train", "--data", str(sim_data), "--out", str(other), *ov, "train.steps=1",
+                 "model.action_horizon=4", "eval.steps_per_chunk=4"]) == 0  # fmt: skip
+    (second,) = (other / "preload").glob("*.safetensors")
+    assert second.name != first.name
+    assert (
+        main(
+            ["train", "--data", str(sim_data), "--out", str(tmp_path / "x"), *OV, "train.preload_cache=true"]
+        )
+        != 0
+    )
+    assert "train.preload_cache: needs train.preload=true" in capsys.readouterr().err

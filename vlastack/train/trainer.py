@@ -30,7 +30,7 @@ from vlastack.batch import Batch, to_device, validate_batch
 from vlastack.config import Config, ModelConfig, load_yaml, save_yaml
 from vlastack.data.check import check_training_data
 from vlastack.data.format import action_representation
-from vlastack.data.loader import MemoryDataset, ResumableBatchSampler, training_batches
+from vlastack.data.loader import MemoryDataset, ResumableBatchSampler, preload_key, training_batches
 from vlastack.data.stats import NORM_STATS, ExactNormalizer, Normalizer, load_normalizer, stat_dim
 from vlastack.fileio import load_safetensors
 from vlastack.models.vla import VLA, build_model
@@ -245,6 +245,7 @@ class Trainer:
         self.data_root = data_path or cfg.data.path  # train_seeds.json reads its generator record
         # ---- data (refused before any training if it does not fit the model)
         kept = init_normalizer(t.init_from) if cfg.data.norm_stats == "init_from" else None
+        built_here = dataset is None  # a dataset of files we can name a preload cache by
         if dataset is None:
             from vlastack.data.samples import make_dataset
 
@@ -258,7 +259,14 @@ class Trainer:
         self.warnings = check_training_data(dataset) + check_dataset_fits(dataset, cfg)  # NaN, bad stats
         self.normalizer = getattr(dataset, "normalizer", None)
         if t.preload and not isinstance(dataset, MemoryDataset):
-            dataset = MemoryDataset(dataset, num_workers=cfg.data.num_workers)
+            cache = None
+            if t.preload_cache and built_here:
+                extra = json.dumps(kept.to_dict(), sort_keys=True, default=str).encode() if kept else b""
+                key = preload_key(cfg, self.data_root, extra)
+                cache = self.run_dir / "preload" / f"{key}.safetensors"
+                if not self.is_main and not cache.is_file():
+                    cache = None  # rank 0 writes it; the others decode this once
+            dataset = MemoryDataset(dataset, num_workers=cfg.data.num_workers, cache=cache)
         self.dataset = dataset
         cfg = self.cfg = with_data_representation(cfg, self.data_root)
 
