@@ -165,35 +165,28 @@ def h16(t0: float) -> None:
     })  # fmt: skip
 
 
-def h16_trained(t0: float) -> None:
-    proto, rows, training = _h16_rows(t0, "rtc_trained", H16_TRAINED_RUNS)
-    _merge("h16_rtc_trained", {
-        "note": "an H = 16 policy trained with train.rtc.max_delay=8 (the same data and 3,000-step recipe), "
+def _h16_trained(t0: float, name: str, key: str) -> None:
+    """The H = 16 training-time-RTC policy ``name`` (``rtc_trained[_d<max_delay>]``) -> block ``key``."""
+    runs = tuple((label, name, method, extra) for label, _, method, extra in H16_TRAINED_RUNS)
+    proto, rows, training = _h16_rows(t0, name, runs)
+    max_delay = b.overrides(proto, name)[-1]  # "train.rtc.max_delay=N"
+    _merge(key, {
+        "note": f"an H = 16 policy trained with {max_delay} (the same data and 3,000-step recipe), "
         f"s = 4, {b.EVAL_EPISODES} episodes per task, the seeds of the block above",
         "horizon": proto.horizon,
-        "overrides": b.overrides(proto, "rtc_trained"),
+        "overrides": b.overrides(proto, name),
         "training": training,
         "rows": rows,
         "dynamic_success": {f"{r['label']} d={r['delay']}": r["dynamic_success"] for r in rows},
     })  # fmt: skip
 
 
-H16_TRAINED_D4_RUNS = tuple(
-    (label, "rtc_trained_d4", method, extra) for label, _, method, extra in H16_TRAINED_RUNS
-)
+def h16_trained(t0: float) -> None:
+    _h16_trained(t0, "rtc_trained", "h16_rtc_trained")
 
 
 def h16_trained_d4(t0: float) -> None:
-    proto, rows, training = _h16_rows(t0, "rtc_trained_d4", H16_TRAINED_D4_RUNS)
-    _merge("h16_rtc_trained_d4", {
-        "note": "an H = 16 policy trained with train.rtc.max_delay=4 (the same data and 3,000-step recipe), "
-        f"s = 4, {b.EVAL_EPISODES} episodes per task, the seeds of the block above",
-        "horizon": proto.horizon,
-        "overrides": b.overrides(proto, "rtc_trained_d4"),
-        "training": training,
-        "rows": rows,
-        "dynamic_success": {f"{r['label']} d={r['delay']}": r["dynamic_success"] for r in rows},
-    })  # fmt: skip
+    _h16_trained(t0, "rtc_trained_d4", "h16_rtc_trained_d4")
 
 
 GUIDANCE_MAX = (10.0, 20.0, 50.0)
