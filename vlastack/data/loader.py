@@ -97,7 +97,8 @@ class MemoryDataset(Dataset):
         self._decode(dataset, num_workers, batch_size, progress)
         if cache is not None:
             cache.parent.mkdir(parents=True, exist_ok=True)
-            for old in cache.parent.glob("*.safetensors"):  # one cache per run: the last data's
+            # one cache per run (the last data's), and no half-written leftover of a killed write
+            for old in [*cache.parent.glob("*.safetensors"), *cache.parent.glob("*.safetensors.tmp")]:
                 old.unlink()
             tmp = cache.with_name(cache.name + ".tmp")
             save_file({k: v.contiguous() for k, v in self.data.items()}, str(tmp))
