@@ -128,6 +128,24 @@ def test_lock_is_released_when_the_owner_dies(tmp_path):
     lock.release()
 
 
+def test_second_generation_into_the_same_dataset_is_refused(tmp_path):
+    """Two `vla data generate` into one --out would interleave (or delete) each other's parts."""
+    from vlastack.folderlock import FolderLock
+    from vlastack.sim.generate import generate
+
+    out = tmp_path / "demos"
+    held = FolderLock(tmp_path / ".demos.lock", "vla data generate", "x", "y")
+    held.acquire()  # what the running generation holds
+    try:
+        with pytest.raises(ValueError, match=r"dataset .*demos is in use by vla data generate pid \d+"):
+            generate(out, tasks=("reach",), episodes_per_task=1, workers=0, image_size=16, progress=False)
+        assert not out.exists() and not (tmp_path / "demos.parts").exists()  # nothing touched
+    finally:
+        held.release()
+    report = generate(out, tasks=("reach",), episodes_per_task=1, workers=0, image_size=16, progress=False)
+    assert report["episodes"] == 1  # free again once the holder is gone
+
+
 def test_folder_holding_a_run_needs_resume_or_overwrite(tmp_path):
     data = write_small_dataset(tmp_path / "ds")
     run = tmp_path / "run"

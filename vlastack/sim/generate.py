@@ -46,6 +46,7 @@ from typing import Any
 
 import numpy as np
 
+from vlastack.folderlock import FolderLock
 from vlastack.progress import Progress
 from vlastack.sim.env import ALL_TASKS, SUITES
 from vlastack.sim.scene import MAX_DELTA, STATE_DIM
@@ -204,6 +205,35 @@ def generate(
     an uninterrupted run) and removed.
     ``progress``: show a live bar (episodes/s, ETA, the expert's success so far); ``settle``: see
     ``rollout_expert``; ``action_representation``: ``delta`` or ``absolute`` (module docstring)."""
+    # One generation per output: a second one into the same ``out`` (or its ``.parts``) would
+    # interleave or delete the first's episodes. Refused at once, naming the running one's pid.
+    out, full = Path(out), Path(out).resolve()
+    with FolderLock(full.parent / f".{full.name}.lock", "vla data generate", f"dataset {out}",
+                    "wait for that generation to finish, stop it, or write to another --out"):  # fmt: skip
+        return _generate(out, suite, tasks, episodes, workers, image_size, cameras, noise, seed, overwrite,
+                         video_quality, progress, settle, episodes_per_task, render_quality, resumable,
+                         action_representation)  # fmt: skip
+
+
+def _generate(
+    out: Path,
+    suite: str,
+    tasks: tuple[str, ...] | list[str],
+    episodes: int | None,
+    workers: int,
+    image_size: int | None,
+    cameras: tuple[str, ...] | list[str] | None,
+    noise: float,
+    seed: int,
+    overwrite: bool,
+    video_quality: str,
+    progress: bool,
+    settle: int,
+    episodes_per_task: int | None,
+    render_quality: str,
+    resumable: bool,
+    action_representation: str,
+) -> dict[str, Any]:
     from vlastack.data.lerobot import LeRobotWriter
     from vlastack.data.samples import ENV_KEY, ENV_UV_KEY, camera_key
     from vlastack.sim.env import default_cameras, make_env, suite_tasks

@@ -15,15 +15,13 @@ process dies, even by ``kill -9``, so a crashed run never leaves a stale lock.
 
 from __future__ import annotations
 
-import errno
-import os
 import signal
 import sys
 import threading
-import time
-import warnings
 from pathlib import Path
 from types import FrameType
+
+from vlastack.folderlock import FolderLock
 
 LOCK_NAME = ".lock"
 
@@ -79,46 +77,10 @@ class StopSignals:
         self._old.clear()
 
 
-class RunLock:
-    """Exclusive lock on a run folder for one process (``acquire`` / ``release``)."""
+class RunLock(FolderLock):
+    """Exclusive lock on a run folder (``<run>/.lock``) for one training process."""
 
     def __init__(self, run_dir: str | Path) -> None:
-        self.path = Path(run_dir) / LOCK_NAME
-        self._fd: int | None = None
-
-    def acquire(self) -> None:
-        """Take the lock (no-op while held) or raise ``ValueError`` naming the folder and the
-        process that holds it."""
-        if self._fd is not None:
-            return
-        try:
-            import fcntl
-        except ImportError:  # no flock (Windows): run unlocked
-            return
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as e:
-            if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-                os.close(fd)  # a filesystem without flock (some network mounts): run unlocked
-                warnings.warn(f"cannot lock {self.path} ({e.strerror}): a second run into this folder "
-                              "would not be refused", stacklevel=2)  # fmt: skip
-                return
-            owner = os.read(fd, 200).decode(errors="replace").strip() or "another process"
-            os.close(fd)
-            raise ValueError(
-                f"run folder {self.path.parent} is in use by {owner}; wait for that run to finish, "
-                "stop it, or train into another --out"
-            ) from None
-        os.ftruncate(fd, 0)
-        os.write(fd, f"vla train pid {os.getpid()} (since {time.strftime('%Y-%m-%d %H:%M:%S')})\n".encode())
-        self._fd = fd
-
-    def release(self) -> None:
-        if self._fd is not None:
-            os.close(self._fd)  # closing the descriptor releases the flock
-            self._fd = None
-
-    def __del__(self) -> None:
-        self.release()
+        run_dir = Path(run_dir)
+        super().__init__(run_dir / LOCK_NAME, "vla train", f"run folder {run_dir}",
+                         "wait for that run to finish, stop it, or train into another --out")  # fmt: skip
