@@ -198,7 +198,8 @@ def cmd_eval(args: argparse.Namespace) -> None:
     out = Path(args.out or run / "eval")
     # The EMA weights when the recipe keeps them (train.ema_decay), as `vla demo` and in-training eval do.
     policy = run / "final" / "ema" if (run / "final" / "ema").is_dir() else run / "final"
-    argv = ["eval", "--policy", str(policy), "--config", RECIPES[args.suite], "--out", str(out),
+    # --resume: an evaluation cut off with its session continues from its journal (hours on MT50).
+    argv = ["eval", "--policy", str(policy), "--config", RECIPES[args.suite], "--out", str(out), "--resume",
             "--workers", str(args.workers), *(["--episodes-per-task", str(args.episodes_per_task)]
                                               if args.episodes_per_task else []), *args.overrides]  # fmt: skip
     if main(argv) != 0:

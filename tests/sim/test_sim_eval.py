@@ -251,3 +251,46 @@ def test_lockstep_workers_real_policy(tmp_path):
     )  # fmt: skip
     assert [e["seed"] for e in res["episodes"]] == list(range(1_000_000, 1_000_006))
     assert all(e["steps"] == 6 for e in res["episodes"]) and res["config"]["batch_episodes"] == 3
+
+
+class Interrupted(ExpertPolicy):
+    """The scripted expert, cut off (as by a kill) when its ``stop_at``-th episode starts."""
+
+    def __init__(self, stop_at: int | None = None) -> None:
+        super().__init__()
+        self.stop_at, self.started = stop_at, 0
+
+    def reset(self) -> None:
+        if self.started == self.stop_at:
+            raise KeyboardInterrupt
+        self.started += 1
+
+
+def test_interrupted_evaluation_resumes_to_the_same_result(tmp_path, capsys):
+    """An evaluation cut off midway and re-run with --resume runs only the missing episodes and
+    writes the eval.json (and videos) of an uninterrupted run; other settings are refused."""
+    kw = {"episodes": 8, "num_workers": 0, "videos": 4, "image_size": 32}
+    full = evaluate(Interrupted(), out_dir=tmp_path / "full", **kw)
+    with pytest.raises(KeyboardInterrupt):
+        evaluate(Interrupted(stop_at=5), out_dir=tmp_path / "cut", **kw)
+    journal = tmp_path / "cut" / "eval.partial.jsonl"
+    assert len(journal.read_text().splitlines()) == 1 + 5 and not (tmp_path / "cut" / "eval.json").exists()
+    with journal.open("a") as f:
+        f.write('{"elapsed_s": 1.0, "result": {"epis')  # the line a kill cut in half
+    with pytest.raises(ValueError, match="another policy or with other settings"):
+        evaluate(Interrupted(), out_dir=tmp_path / "cut", resume=True, **{**kw, "seed": 7})
+    policy = Interrupted()
+    res = evaluate(policy, out_dir=tmp_path / "cut", resume=True, **kw)
+    assert policy.started == 3 and res["resumed_episodes"] == 5
+    assert "resuming: 5 of 8 episodes done" in capsys.readouterr().out
+    assert res["episodes"] == full["episodes"] and res["tasks"] == full["tasks"]
+    names = [os.path.basename(v) for v in json.loads((tmp_path / "cut" / "eval.json").read_text())["videos"]]
+    assert names == [os.path.basename(v) for v in full["videos"]] and len(names) == 4
+    assert sorted(os.listdir(tmp_path / "cut" / "videos")) == sorted(names)  # candidates cleared
+    assert not journal.exists()
+    # Without --resume, a journal left behind is replaced, and said so.
+    with pytest.raises(KeyboardInterrupt):
+        evaluate(Interrupted(stop_at=2), out_dir=tmp_path / "again", **kw)
+    policy = Interrupted()
+    evaluate(policy, out_dir=tmp_path / "again", **kw)
+    assert policy.started == 8 and "held 2 episodes of an unfinished evaluation" in capsys.readouterr().err

@@ -109,6 +109,12 @@ def register(sub, groups) -> None:
         "--seed", type=int_at_least(0, 2**32 - 1), default=None, help="first episode seed (default 1000000)"
     )
     e.add_argument("--videos", type=int_at_least(0), default=None, help="mp4 rollouts to save")
+    e.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue an interrupted evaluation into the same --out (same policy and settings): "
+        "only the episodes its journal (eval.partial.jsonl) lacks are run",
+    )
     e.add_argument("--image-size", type=int_at_least(8), default=None)
     e.add_argument("--cameras", default=None, help="default: the checkpoint's cameras, else the suite's")
     e.add_argument(
@@ -270,6 +276,7 @@ def _eval(args: argparse.Namespace) -> int:
         image_size=image_size,
         cameras=_split(args.cameras) or None,
         camera_map=_camera_map(args.camera_map),
+        resume=args.resume,
     )
     for t, s in res["tasks"].items():
         lo, hi = s["ci95"]

@@ -304,6 +304,7 @@ def evaluate(
     out_dir: str | Path | None = None,
     cameras: tuple[str, ...] | list[str] | None = None,
     camera_map: dict[str, str | None] | None = None,
+    resume: bool = False,
     **overrides: Any,
 ) -> dict[str, Any]:
     """Evaluate a policy spec (or, with ``num_workers=0``, a policy object) on a suite.
@@ -317,6 +318,8 @@ def evaluate(
     nothing (the scripted expert reads the state: Meta-World's expert check runs 50x faster).
     ``camera_map``: LIBERO only, policy camera -> ``agentview`` / ``wrist`` / None, for names
     ``sim.libero.match_cameras`` cannot place.
+    With ``out_dir``, every finished episode is journaled (``sim.eval_journal``); ``resume``
+    continues an interrupted evaluation of the same policy and settings from its journal.
     """
     from vlastack.sim.env import suite_tasks
 
@@ -362,39 +365,38 @@ def evaluate(
         firsts[t] = firsts.get(t, 0) + 1
         jobs.append((i, t, s, firsts[t] <= per_task))
     name = policy_name(policy_factory)
-    t0 = time.perf_counter()
-    bar = EpisodeProgress(len(jobs), f"eval {name}")
     ex = cfg.execution
     lockstep = cfg.batch_episodes > 1 and ex.method == "sync" and ex.delay == 0
-    if num_workers == 0:
-        from vlastack.sim.env import make_env
+    fps = 30 if cfg.suite == "metaworld" else 10  # Meta-World steps at 80 Hz: slowed down to watch
+    journal = None
+    if out_dir is not None:
+        from vlastack.sim.eval_journal import EvalJournal
 
-        policy = build_policy(policy_factory)
-        if lockstep and batchable(policy):
-            results, cache = [], {}
-            for group in lockstep_groups(jobs, cfg.batch_episodes, 1):
-                envs_g = group_envs(cache, group, env_kw)
-                results += run_lockstep(envs_g, policy, name, group, cfg.steps_per_chunk,
-                                        cfg.temporal_ensemble, on_done=bar.done)  # fmt: skip
-            for e in cache.values():
-                e.close()
-        else:
-            envs = {t: make_env(t, **env_kw) for t in names}
-            results = [
-                bar.done(run_episode(envs[t], policy, name, s, episode=i, record=r, **run_kw))
-                for i, t, s, r in jobs
-            ]
-            for e in envs.values():
-                e.close()
-    else:
-        batch = cfg.batch_episodes if lockstep else 1
-        results = _run_parallel(
-            policy_factory, env_kw, run_kw, jobs, num_workers, name, bar.done, batch=batch
-        )
-    bar.close()
-    wall = time.perf_counter() - t0
+        what = {"policy": policy_identity(policy_factory), "env": env_kw, "run": run_kw, "jobs": jobs,
+                "batch": cfg.batch_episodes if lockstep else 1}  # fmt: skip
+        journal = EvalJournal(Path(out_dir), what, resume, fps)
+        if journal.done:
+            print(f"resuming: {len(journal.done)} of {len(jobs)} episodes done ({journal.path})", flush=True)
+    all_jobs, jobs = jobs, [j for j in jobs if journal is None or j[0] not in journal.done]
+    t0 = time.perf_counter()
+    bar = EpisodeProgress(len(jobs), f"eval {name}")
+
+    def finished(r: dict) -> dict:
+        return bar.done(journal.add(r) if journal is not None else r)
+
+    try:
+        results = _run_jobs(policy_factory, cfg, env_kw, run_kw, jobs, names, name, lockstep, finished)
+    finally:
+        bar.close()
+        if journal is not None:
+            journal.close()
+    if journal is not None:
+        results = sorted([*journal.done.values(), *results], key=lambda r: r["episode"])
+    assert len(results) == len(all_jobs), (len(results), len(all_jobs))
+    wall = time.perf_counter() - t0 + (journal.prior_s if journal is not None else 0.0)
     res = summarize(results, names, name, cfg.suite, wall)
     res["train_seeds"] = seen
+    res["resumed_episodes"] = len(journal.done) if journal is not None else 0
     res["config"] = {
         "episodes": cfg.episodes, "seed": cfg.seed, "seed_scheme": cfg.seed_scheme,
         "render_quality": cfg.render_quality, "max_steps": cfg.max_steps, "num_workers": num_workers,
@@ -406,7 +408,52 @@ def evaluate(
         res["config"]["camera_map"] = env_kw["camera_map"]
     if out_dir is not None:
         write_outputs(res, results, Path(out_dir), videos)
+        journal.finish()
     return res
+
+
+def _run_jobs(spec, cfg: EvalConfig, env_kw, run_kw, jobs, names, name, lockstep, finished) -> list[dict]:
+    """The episodes ``jobs`` in-process or over ``cfg.num_workers`` processes; ``finished`` is
+    called with each record as it completes. Returns the records in episode order."""
+    num_workers = cfg.num_workers
+    if num_workers == 0:
+        from vlastack.sim.env import make_env
+
+        policy = build_policy(spec)
+        if lockstep and batchable(policy):
+            results, cache = [], {}
+            for group in lockstep_groups(jobs, cfg.batch_episodes, 1):
+                envs_g = group_envs(cache, group, env_kw)
+                results += run_lockstep(envs_g, policy, name, group, cfg.steps_per_chunk,
+                                        cfg.temporal_ensemble, on_done=finished)  # fmt: skip
+            for e in cache.values():
+                e.close()
+        else:
+            envs = {t: make_env(t, **env_kw) for t in names if any(j[1] == t for j in jobs)}
+            results = [
+                finished(run_episode(envs[t], policy, name, s, episode=i, record=r, **run_kw))
+                for i, t, s, r in jobs
+            ]
+            for e in envs.values():
+                e.close()
+        return results
+    batch = cfg.batch_episodes if lockstep else 1
+    return _run_parallel(spec, env_kw, run_kw, jobs, num_workers, name, finished, batch=batch)
+
+
+def policy_identity(spec: Any) -> dict[str, Any]:
+    """What names the policy for a resumed evaluation: its name and decoding options, and for a
+    checkpoint folder its files (name, size, mtime), so retrained weights never join a journal."""
+    out: dict[str, Any] = {"name": policy_name(spec), "decoding": list(getattr(spec, "decoding", ()))}
+    folder = _checkpoint_dir(spec)
+    if folder is not None:
+        out["path"] = str(folder.resolve())
+        out["files"] = sorted(
+            (str(p.relative_to(folder)), p.stat().st_size, p.stat().st_mtime_ns)
+            for p in folder.rglob("*")
+            if p.is_file()
+        )
+    return out
 
 
 def _checkpoint_dir(spec: Any) -> Path | None:
@@ -590,7 +637,7 @@ def summarize(results: list[dict], tasks: tuple[str, ...], name: str, suite: str
         "overall": stats(results),
         "mean_task_success": float(np.mean(rates)) if rates else 0.0,
         "wall_s": wall_s,
-        "episodes": [{k: v for k, v in r.items() if k != "frames"} for r in results],
+        "episodes": [{k: v for k, v in r.items() if k not in ("frames", "video")} for r in results],
     }
     if suite == "metaworld":
         from vlastack.sim.metaworld_tasks import GROUPS
@@ -612,9 +659,12 @@ def write_outputs(res: dict, results: list[dict], out: Path, videos: int) -> Non
 
 
 def write_videos(results: list[dict], folder: Path, count: int, fps: int = 10) -> list[str]:
-    from vlastack.data.video import VideoEncoder
+    """Up to ``count`` episodes' videos into ``folder``: one per task when ``count`` covers the
+    tasks, else half successes, half failures; from the episodes' frames or their candidate video
+    (``sim.eval_journal``)."""
+    from vlastack.sim.eval_journal import encode_video, video_name
 
-    recorded = [r for r in results if "frames" in r]
+    recorded = [r for r in results if "frames" in r or "video" in r]
     tasks = list(dict.fromkeys(r["task"] for r in results))
     if count >= len(tasks) > 1:  # one video per task (its first recorded episode)
         pick = [
@@ -630,16 +680,11 @@ def write_videos(results: list[dict], folder: Path, count: int, fps: int = 10) -
     folder.mkdir(parents=True, exist_ok=True)
     paths = []
     for r in pick:
-        f = r["frames"]
-        scale = max(1, 256 // f.shape[1])  # upscale tiny frames so the video is watchable
-        f = np.ascontiguousarray(f.repeat(scale, 1).repeat(scale, 2))
-        tag = "success" if r["success"] else "failure"
-        path = folder / f"ep{r['episode']:04d}_{r['task'].replace('/', '_')}_{tag}.mp4"
-        enc = VideoEncoder(
-            path, fps=min(30, fps), height=f.shape[1] // 2 * 2, width=f.shape[2] // 2 * 2, gop=10
-        )
-        enc.write(f[:, : enc.height, : enc.width])
-        enc.close()
+        path = folder / video_name(r)
+        if "frames" in r:
+            encode_video(r["frames"], path, fps)
+        else:
+            os.replace(r["video"], path)
         paths.append(str(path))
     return paths
 
