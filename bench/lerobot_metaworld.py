@@ -33,7 +33,9 @@ that ``eval`` scores), ``cpu_ledger.json`` (one row per training segment: CPU se
 exact command line), ``probe.json`` (the probe's command, CPU and per-step fit; not counted in the
 run's CPU-hours), ``plan.json`` (steps, checkpoint period, budget), ``run.json`` (versions, LeRobot's
 config, every non-default setting and why), ``train_log.txt``, and ``eval/`` (lerobot-eval's
-``eval_info.json`` under eval/lerobot and our ``eval.json``).
+``eval_info.json`` under eval/lerobot/part-NNN, one per chunk of ``--chunk-tasks`` tasks, and our
+``eval.json``). ``eval`` run again with the same arguments keeps the finished chunks: an MT50
+evaluation cut off with its session continues where it stopped.
 
 CPU time is measured, as bench/metaworld.py does: ``resource.getrusage(RUSAGE_CHILDREN)`` (user +
 system) around the LeRobot process, which includes its data-loader workers once they are joined.
@@ -548,6 +550,24 @@ def cmd_train(args: argparse.Namespace) -> None:
         sys.exit(row["rc"] or 1)
 
 
+def train_finished(run: str | Path) -> bool:
+    """The run of ``train`` in ``run`` has nothing left to do: its planned steps reached, or its
+    CPU budget spent (then its last checkpoint is the policy)."""
+    run = Path(run)
+    plan, ledger = read_json(run / PLAN), read_json(run / LEDGER, [])
+    if plan is None:
+        return False
+    done = ckpt_step(run / OUT / LAST) if (run / OUT / LAST).exists() else None
+    used = sum(r["cpu_s"] for r in ledger)
+    spent = bool(ledger and ledger[-1].get("stopped_at_budget")) or used >= plan["cpu_hours_budget"] * 3600
+    return (done is not None and done >= plan["steps"]) or (spent and done is not None)
+
+
+def suite_of(tasks: list[str]) -> str:
+    """The metaworld.json section a task list is scored under."""
+    return "mt50" if len(tasks) == 50 else "mt10"
+
+
 def finish(run: Path, args: argparse.Namespace, vers: dict, plan: dict, ledger: list[dict]) -> None:
     """run.json: what was run, with which versions and settings; and the record command."""
     out = run / OUT
@@ -585,8 +605,9 @@ def finish(run: Path, args: argparse.Namespace, vers: dict, plan: dict, ledger: 
     }
     write_json(run / RUN_INFO, info)
     name = f"lerobot_{plan['policy']}"
+    suite = "mt50" if "mt50" in plan["data"].lower() else "mt10"
     print(f"wrote {run / RUN_INFO}; after eval record with:\n  .venv/bin/python bench/metaworld.py record "
-          f"--suite mt10 --policy {name} --eval-json {run / 'eval' / 'eval.json'} --cpu-hours {total_h:.4f}")  # fmt: skip
+          f"--suite {suite} --policy {name} --eval-json {run / 'eval' / 'eval.json'} --cpu-hours {total_h:.4f}")  # fmt: skip
 
 
 # --------------------------------------------------------------------------------------------- eval
@@ -703,30 +724,56 @@ def cmd_eval(args: argparse.Namespace) -> None:
     tasks = expand_tasks(args.tasks, py)
     out = Path(args.out) if args.out else run / "eval"
     lr_out = out / "lerobot"
-    if lr_out.exists():
+    size = args.chunk_tasks or len(tasks)
+    chunks = [tasks[i : i + size] for i in range(0, len(tasks), size)]
+
+    def command(chunk: list[str], where: Path) -> list[str]:
+        return [py, "-m", EVAL_MODULE, f"--policy.path={policy_dir.resolve()}", "--policy.device=cpu",
+                "--env.type=metaworld", f"--env.task={','.join(chunk)}", f"--eval.n_episodes={args.episodes_per_task}",
+                f"--eval.batch_size={args.batch_size}", f"--seed={args.seed}", f"--output_dir={where.resolve()}",
+                *args.extra]  # fmt: skip
+
+    # Chunks of tasks, each its own lerobot-eval run (``--chunk-tasks``): a finished chunk is kept,
+    # so an evaluation cut off with its session continues (MT50 at 480 px takes hours here).
+    # What decides the results; a folder holding another evaluation is moved aside, not mixed in.
+    settings = {"policy": str(policy_dir.resolve()), "chunks": chunks, "episodes": args.episodes_per_task,
+                "seed": args.seed, "batch_size": args.batch_size, "extra": list(args.extra)}  # fmt: skip
+    if lr_out.exists() and read_json(lr_out / "settings.json") != settings:
         lr_out.rename(out / f"lerobot.old-{datetime.datetime.now():%Y%m%d-%H%M%S}")
-    cmd = [py, "-m", EVAL_MODULE, f"--policy.path={policy_dir.resolve()}", "--policy.device=cpu",
-           "--env.type=metaworld", f"--env.task={','.join(tasks)}", f"--eval.n_episodes={args.episodes_per_task}",
-           f"--eval.batch_size={args.batch_size}", f"--seed={args.seed}", f"--output_dir={lr_out.resolve()}",
-           *args.extra]  # fmt: skip
+    lr_out.mkdir(parents=True, exist_ok=True)
+    write_json(lr_out / "settings.json", settings)
     env = lerobot_env(gl_env(py))
-    row = Segment(cmd, out / "eval_log.txt", env=env).run()
-    if row["rc"] != 0:
-        sys.exit(f"lerobot-eval failed (rc {row['rc']}); see {out / 'eval_log.txt'}")
-    info = json.loads((lr_out / "eval_info.json").read_text())
+    per_task, rows, cmds = [], [], []
+    for k, chunk in enumerate(chunks):
+        where = lr_out / f"part-{k:03d}"
+        cmd = command(chunk, where)
+        cmds.append(shlex.join(cmd))
+        if not (where / "eval_info.json").is_file():
+            if where.exists():
+                shutil.rmtree(where)  # a chunk cut off midway: lerobot-eval starts it again
+            print(f"lerobot-eval: tasks {k * size + 1}-{k * size + len(chunk)} of {len(tasks)}", flush=True)
+            row = Segment(cmd, out / "eval_log.txt", env=env).run()
+            if row["rc"] != 0:
+                sys.exit(f"lerobot-eval failed (rc {row['rc']}); see {out / 'eval_log.txt'}")
+            write_json(where / "segment.json", row)
+        rows.append(read_json(where / "segment.json", {}))
+        per_task += json.loads((where / "eval_info.json").read_text())["per_task"]
+    eval_s = sum((r.get("wall_s") or 0.0) for r in rows)
+    info = {"per_task": per_task, "overall": {"eval_s": eval_s, "chunks": len(chunks)}}
     train = read_json(run / RUN_INFO) or {}
     ev = convert(info, tasks, args.seed, args.episodes_per_task, {
-        "batch_size": args.batch_size, "command": shlex.join(cmd), "mujoco_gl": env.get("MUJOCO_GL"),
+        "batch_size": args.batch_size, "command": cmds[0] if len(cmds) == 1 else cmds,
+        "mujoco_gl": env.get("MUJOCO_GL"),
         "policy_path": str(policy_dir.resolve()), "policy": train.get("policy"),
         "train_steps": train.get("step_reached"), "train_cpu_hours": train.get("cpu_hours"),
-        "versions": versions(py), "eval_cpu_s": row["cpu_s"], "eval_wall_s": row["wall_s"],
+        "versions": versions(py), "eval_cpu_s": sum((r.get("cpu_s") or 0.0) for r in rows), "eval_wall_s": eval_s,
         "extra_eval_args": list(args.extra)})  # fmt: skip
     ev["policy"] = f"lerobot_{train.get('policy', 'policy')}"
     write_json(out / "eval.json", ev)
     print(f"wrote {out / 'eval.json'}: mean task success {ev['mean_task_success']:.1%} "
           f"over {len(tasks)} tasks x {args.episodes_per_task}")  # fmt: skip
     if train.get("cpu_hours") is not None:
-        print(f"record: .venv/bin/python bench/metaworld.py record --suite mt10 --policy {ev['policy']} "
+        print(f"record: .venv/bin/python bench/metaworld.py record --suite {suite_of(tasks)} --policy {ev['policy']} "
               f"--eval-json {out / 'eval.json'} --cpu-hours {train['cpu_hours']:.4f}")  # fmt: skip
 
 
@@ -779,6 +826,12 @@ def main(argv: list[str] | None = None) -> None:
     v.add_argument("--seed", type=int, default=1000)
     v.add_argument("--batch-size", type=int, default=1, help="--eval.batch_size (envs per task)")
     v.add_argument("--out", default=None, help="default RUN/eval")
+    v.add_argument(
+        "--chunk-tasks",
+        type=int,
+        default=0,
+        help="run lerobot-eval on this many tasks at a time, keeping finished chunks (resumable); 0 = all at once",
+    )
     c = sub.add_parser("convert", help="an existing eval_info.json -> our eval.json")
     c.add_argument("--eval-info", required=True)
     c.add_argument("--tasks", default="MT10")

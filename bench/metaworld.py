@@ -9,8 +9,11 @@
     .venv/bin/python bench/metaworld.py eval --suite mt10 --run runs/mt10 [--episodes-per-task 50] [--as NAME]
     # the grounding head's object / goal error in cm, training vs held-out layouts
     .venv/bin/python bench/metaworld.py grounding --suite mt10 --run runs/mt10 [--as NAME]
-    # all of it, each step only if not done yet: run the same command again to continue
-    .venv/bin/python bench/metaworld.py pipeline --suite mt50 --data data/mt50 --run runs/mt50 --episodes-per-task 10
+    # all of it, each step only if not done yet: run the same command again to continue; --lerobot
+    # then trains and scores LeRobot's ACT and Diffusion Policy on the same data within the CPU-hours
+    # vlastack's row measured (bench/lerobot_metaworld.py, LeRobot's venv), resumable the same way
+    .venv/bin/python bench/metaworld.py pipeline --suite mt50 --data data/mt50 --run runs/mt50 --episodes-per-task 10 \
+        --lerobot act,diffusion
     # record a row evaluated elsewhere (e.g. a LeRobot policy scored on the same seeds)
     .venv/bin/python bench/metaworld.py record --suite mt10 --policy lerobot_act --eval-json X --cpu-hours H
 
@@ -240,6 +243,76 @@ def cmd_pipeline(args: argparse.Namespace) -> None:
         cmd_eval(argparse.Namespace(suite=args.suite, run=str(run), out=str(out), workers=args.workers,
                                     episodes_per_task=args.episodes_per_task, row=args.row,
                                     overrides=args.overrides))  # fmt: skip
+    for policy in [p for p in (args.lerobot or "").split(",") if p]:
+        lerobot_stage(args.suite, policy, data, run, args.row, args.lerobot_episodes_per_task)
+
+
+# LeRobot's policies beside vlastack's row, as the MT10 rows were made (docs/metaworld.md): Diffusion
+# Policy trains at 128 px (its resize_shape) and is scored with DDIM in 10 steps (DDPM's 100 steps
+# per chunk make a 480 px evaluation take days here); ACT as LeRobot ships it.
+LEROBOT_SETTINGS = {
+    "act": {"train": [], "eval": []},
+    "diffusion": {
+        "train": ["--resize", "128"],
+        "eval": ["--", "--policy.noise_scheduler_type=DDIM", "--policy.num_inference_steps=10"],
+    },
+}
+
+
+def lerobot_stage(suite: str, policy: str, data: Path, run: Path, row: str, episodes_per_task: int) -> None:
+    """LeRobot 0.6.1's ``policy`` trained by lerobot-train on the same data within the CPU-hours
+    vlastack's row measured, scored by lerobot-eval on the same seeds (in chunks of 5 tasks, kept
+    as they finish), and recorded: each part only if not done, like the rest of the pipeline."""
+    from bench import lerobot_metaworld as lm
+
+    if policy not in LEROBOT_SETTINGS:
+        sys.exit(f"--lerobot: unknown policy {policy!r}; known: {', '.join(LEROBOT_SETTINGS)}")
+    name = f"lerobot_{policy}"
+    if name in load().get(suite, {}):
+        return
+    ours = load().get(suite, {}).get(row, {})
+    if not ours.get("cpu_hours"):
+        sys.exit(f"no CPU-hours recorded for {suite}.{row}: vlastack's row sets the LeRobot budget")
+    lr_run = run.with_name(f"{run.name}.{name}")
+    script = [sys.executable, str(HERE / "lerobot_metaworld.py")]
+    settings = LEROBOT_SETTINGS[policy]
+    if not lm.train_finished(lr_run):
+        cmd = [*script, "train", "--policy", policy, "--data", str(data), "--repo-id", f"local/{suite}",
+               "--run", str(lr_run), "--cpu-hours", f"{ours['cpu_hours']:.4f}", *settings["train"]]  # fmt: skip
+        print("$", " ".join(cmd), flush=True)
+        if subprocess.call(cmd) != 0 and not lm.train_finished(lr_run):
+            sys.exit(1)
+    ev = lr_run / "eval" / "eval.json"
+    if not ev.is_file():
+        cmd = [*script, "eval", "--run", str(lr_run), "--tasks", suite.upper(), "--episodes-per-task",
+               str(episodes_per_task), "--seed", "1000", "--chunk-tasks", "5", *settings["eval"]]  # fmt: skip
+        print("$", " ".join(cmd), flush=True)
+        if subprocess.call(cmd) != 0:
+            sys.exit(1)
+    info = json.loads((lr_run / "run.json").read_text())
+    record(suite, name, ev, None, info["cpu_hours"])
+    res = load()
+    res[suite][name]["train_seeds"] = dataset_train_seeds(data)
+    res[suite][name]["train_config"] = {
+        "trainer": f"lerobot-train ({lm.TRAIN_MODULE}), LeRobot {info['versions'].get('lerobot')}, "
+        f"its own {policy} defaults except non_default",
+        "commands": info["commands"], "steps_planned": info["plan"]["steps"],
+        "steps_reached": info["step_reached"], "non_default": info["non_default"],
+        "versions": info["versions"], "segments": info["segments"],
+        "by": f"bench/metaworld.py pipeline --lerobot {policy}",
+    }  # fmt: skip
+    save(res)
+
+
+def dataset_train_seeds(data: Path) -> dict[str, list[int]] | None:
+    """{task: [first seed, last seed, episodes]} of a dataset ``vla data generate`` wrote."""
+    side = data / "meta" / "vlastack_sim.json"
+    if not side.is_file():
+        return None
+    by_task: dict[str, list[int]] = {}
+    for e in json.loads(side.read_text())["episode_info"]:
+        by_task.setdefault(e["task"], []).append(int(e["seed"]))
+    return {t: [min(v), max(v), len(v)] for t, v in by_task.items()}
 
 
 def grounding_errors(policy_dir: Path, tasks: list[str], train_pairs: list, n: int = 20) -> dict:
@@ -376,6 +449,12 @@ def main() -> None:
     p.add_argument("--episodes-per-task", type=int, default=None, help="evaluation (default: the recipe's)")
     p.add_argument("--data-episodes-per-task", type=int, default=50, help="generated (LeRobot's: 50)")
     p.add_argument("--as", dest="row", default="vlastack", help="the row's name in metaworld.json")
+    p.add_argument(
+        "--lerobot",
+        default="",
+        help="then LeRobot's policies on the same data and CPU-hours, e.g. act,diffusion (its own venv)",
+    )
+    p.add_argument("--lerobot-episodes-per-task", type=int, default=2, help="lerobot-eval episodes per task")
     p.add_argument("overrides", nargs="*", help="dotted config overrides (training and evaluation)")
     r = sub.add_parser("record")
     r.add_argument("--suite", choices=sorted(RECIPES), required=True)
