@@ -1,4 +1,4 @@
-"""LeRobot 0.6.1's own ACT and Diffusion Policy on our Meta-World MT10 data, under a measured CPU budget.
+"""LeRobot 0.6.1's own ACT and Diffusion Policy on our Meta-World MT10/MT50 data, under a measured CPU budget.
 
 The LeRobot side of docs/metaworld.md: LeRobot's policies, trained by LeRobot's own training script
 (``lerobot.scripts.lerobot_train``, the ``lerobot-train`` entry point) on the dataset that
@@ -16,11 +16,7 @@ any Python (ours or the LeRobot venv's) and starts LeRobot in the LeRobot venv a
     .venv/bin/python bench/metaworld.py record --suite mt10 --policy lerobot_act \\
         --eval-json runs/lr_act/eval/eval.json --cpu-hours <the CPU-h that train printed>
 
-    # Diffusion Policy, the same budget
-    .venv/bin/python bench/lerobot_metaworld.py train --policy diffusion --data /tmp/mw/mt10 --run runs/lr_dp --cpu-hours 3
-    .venv/bin/python bench/lerobot_metaworld.py eval --run runs/lr_dp --tasks MT10 --episodes-per-task 50 --seed 1000
-    .venv/bin/python bench/metaworld.py record --suite mt10 --policy lerobot_diffusion \\
-        --eval-json runs/lr_dp/eval/eval.json --cpu-hours <the CPU-h that train printed>
+    # Diffusion Policy: the same with --policy diffusion (and --resize 128), --run runs/lr_dp
 
 ``train`` runs again with the same arguments after an interruption: it resumes LeRobot's last
 checkpoint (``--resume=true --config_path=.../train_config.json``) with the planned total steps,
@@ -37,54 +33,12 @@ config, every non-default setting and why), ``train_log.txt``, and ``eval/`` (le
 ``eval.json``). ``eval`` run again with the same arguments keeps the finished chunks: an MT50
 evaluation cut off with its session continues where it stopped.
 
-CPU time is measured, as bench/metaworld.py does: ``resource.getrusage(RUSAGE_CHILDREN)`` (user +
-system) around the LeRobot process, which includes its data-loader workers once they are joined.
-The watchdog also sums /proc for the live process tree (every 2 s) to stop at the budget; a segment
-records the larger of the two figures, so a worker that dies unjoined is still counted.
+CPU time is measured as bench/metaworld.py does: ``getrusage(RUSAGE_CHILDREN)`` (user + system) of
+the LeRobot process and its joined workers, and /proc summed over the live tree every 2 s (the
+watchdog's budget check); a segment records the larger, so a worker that dies unjoined counts.
 
-Settings: LeRobot 0.6.1's defaults for each policy (ACT: batch 8, chunk 100, n_action_steps 100,
-lr 1e-5, ResNet18 with frozen batch norm, VAE; Diffusion: batch 8, n_obs_steps 2, horizon 64,
-n_action_steps 32, DDPM 100 steps, Adam 1e-4 with cosine schedule and 500 warm-up steps; both:
-4 data-loader workers, ``spawn``, no image augmentation, ImageNet image statistics, seed 1000, the
-480 px frames as they are) except what ``NON_DEFAULT`` below lists with its reason. ACT cannot be
-made to see smaller frames: its config has no resize or crop field, LeRobot's dataset
-``image_transforms`` are random training augmentations (a random subset per frame, off at
-evaluation), not a resize, and lerobot-eval's MetaworldEnv renders 480x480. Diffusion has
-``resize_shape`` (default None); ``--resize 128`` (off by default, then listed as non-default) trains
-and evaluates it at vlastack's 128 px.
-
-Known, before any run:
-- the dataset's ``observation.environment_state`` (Meta-World's 39-d full state) would become a
-  policy input by default, but LeRobot's MetaworldEnv does not return it, so lerobot-eval would fail;
-  the inputs are pinned to the image and the 4-d state (what vlastack's policy reads, too).
-- ACT and Diffusion Policy take no language: on MT10 they must tell the task from the image.
-- ACT's default executes all 100 actions of a chunk open-loop; our expert episodes last 46-76 steps,
-  so an episode is nearly one chunk. ``eval ... -- --policy.n_action_steps=K`` changes that at
-  evaluation (a non-default, recorded).
-- ACT's backbone uses FrozenBatchNorm2d (LeRobot's choice, made for ImageNet weights); from scratch
-  its batch norms stay identity.
-- frames: our data uses ``render_quality=fast`` (no multisampling, 1024 px shadows), lerobot-eval
-  renders with Meta-World's settings (docs/metaworld.md measured 0.16/255 mean difference at 64 px;
-  at 480 px, which these policies see, it is larger at edges). Our data was made with Meta-World
-  3.1.1, the LeRobot venv has 3.0.0: the layouts drawn from a seed are assumed equal, not checked here.
-- lerobot-eval renders up to 10 videos per task (fixed in lerobot_eval.eval_main); the Diffusion
-  policy denoises 100 DDPM steps per 32 actions on the CPU, so its evaluation is slow (not budgeted).
-- torchcodec is not installed in the LeRobot venv: LeRobot falls back to PyAV for video decoding.
-- ``pip install lerobot`` alone lacks what these need: lerobot-train needs accelerate (extra
-  ``training``), Diffusion Policy needs diffusers (extra ``diffusion``); ``train`` checks and says
-  what to install. /work/lrvenv got accelerate 1.15.0, diffusers 0.39.0 (LeRobot pins >=0.38,<0.40),
-  psutil, importlib_metadata and lazy-importer on 2026-11-25. Its torch 2.13 / torchvision 0.28 are
-  newer than lerobot 0.6.1 declares (<2.12 / <0.27): untested by LeRobot.
-- the training seed is LeRobot's default ``seed=1000`` (model init, data order); it is unrelated to
-  the evaluation seeds 1000 + j, which only place Meta-World's objects.
-- the checkpoint period is steps / 8; older checkpoints are deleted as newer ones land (Diffusion's
-  U-Net, down_dims 512/1024/2048, makes GB-sized checkpoints with its Adam state);
-  ``--keep-checkpoints`` keeps them.
-
-Unknown until run: the CPU seconds per step (hence the steps that 3 CPU-hours buy: 480 px ResNet18
-forward and backward on 2 cores, plus PyAV decoding), whether the probe's fit holds for the whole run
-(the watchdog is the hard stop; the last periodic checkpoint is then the one evaluated), and whether
-MUJOCO_GL=egl works for lerobot-eval here (``eval`` probes egl, then osmesa, when it is unset).
+Settings, what is known to differ before any run, and what only a run tells: docs/metaworld.md
+("The LeRobot side: settings and known differences").
 """
 
 from __future__ import annotations
@@ -648,6 +602,7 @@ def gl_env(py: str) -> dict:
 
 
 def wilson(k: int, n: int, z: float = 1.96) -> list[float]:
+    """The 95% Wilson interval of k successes in n (vlastack/sim/evaluate.py's, stdlib only)."""
     if n == 0:
         return [0.0, 0.0]
     p = k / n
@@ -667,12 +622,11 @@ def convert(info: dict, tasks: list[str], seed: int, n: int, extra_config: dict 
     """
     by_task: dict[str, dict] = {}
     for entry in info["per_task"]:
-        name = entry["task_group"] if entry["task_group"] in tasks else None
-        if name is None:  # a difficulty group: task_id indexes its list
+        if entry["task_group"] not in tasks:  # a difficulty group: task_id indexes its list
             raise ValueError(
                 f"unexpected task_group {entry['task_group']!r}; run lerobot-eval with task names"
             )
-        by_task[name] = entry["metrics"]
+        by_task[entry["task_group"]] = entry["metrics"]
     episodes, per_task = [], {}
     for t in tasks:
         m = by_task.get(t)
@@ -726,16 +680,9 @@ def cmd_eval(args: argparse.Namespace) -> None:
     lr_out = out / "lerobot"
     size = args.chunk_tasks or len(tasks)
     chunks = [tasks[i : i + size] for i in range(0, len(tasks), size)]
-
-    def command(chunk: list[str], where: Path) -> list[str]:
-        return [py, "-m", EVAL_MODULE, f"--policy.path={policy_dir.resolve()}", "--policy.device=cpu",
-                "--env.type=metaworld", f"--env.task={','.join(chunk)}", f"--eval.n_episodes={args.episodes_per_task}",
-                f"--eval.batch_size={args.batch_size}", f"--seed={args.seed}", f"--output_dir={where.resolve()}",
-                *args.extra]  # fmt: skip
-
     # Chunks of tasks, each its own lerobot-eval run (``--chunk-tasks``): a finished chunk is kept,
     # so an evaluation cut off with its session continues (MT50 at 480 px takes hours here).
-    # What decides the results; a folder holding another evaluation is moved aside, not mixed in.
+    # ``settings`` decide the results: a folder holding another evaluation is moved aside.
     settings = {"policy": str(policy_dir.resolve()), "chunks": chunks, "episodes": args.episodes_per_task,
                 "seed": args.seed, "batch_size": args.batch_size, "extra": list(args.extra)}  # fmt: skip
     if lr_out.exists() and read_json(lr_out / "settings.json") != settings:
@@ -746,7 +693,10 @@ def cmd_eval(args: argparse.Namespace) -> None:
     per_task, rows, cmds = [], [], []
     for k, chunk in enumerate(chunks):
         where = lr_out / f"part-{k:03d}"
-        cmd = command(chunk, where)
+        cmd = [py, "-m", EVAL_MODULE, f"--policy.path={policy_dir.resolve()}", "--policy.device=cpu",
+               "--env.type=metaworld", f"--env.task={','.join(chunk)}", f"--eval.n_episodes={args.episodes_per_task}",
+               f"--eval.batch_size={args.batch_size}", f"--seed={args.seed}", f"--output_dir={where.resolve()}",
+               *args.extra]  # fmt: skip
         cmds.append(shlex.join(cmd))
         if not (where / "eval_info.json").is_file():
             if where.exists():
