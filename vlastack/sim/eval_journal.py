@@ -24,6 +24,7 @@ import shutil
 import sys
 import threading
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +49,11 @@ def encode_video(frames: np.ndarray, path: Path, fps: int) -> None:
     enc = VideoEncoder(path, fps=min(30, fps), height=f.shape[1] // 2 * 2, width=f.shape[2] // 2 * 2, gop=10)
     enc.write(f[:, : enc.height, : enc.width])
     enc.close()
+
+
+def _plain(o: Any) -> Any:
+    """numpy scalars (a task's extras) as Python numbers; anything else by its str."""
+    return o.item() if isinstance(o, np.generic) else str(o)
 
 
 def fingerprint(settings: dict[str, Any]) -> str:
@@ -110,13 +116,20 @@ class EvalJournal:
     def add(self, r: dict) -> dict:
         """Journal episode record ``r`` (its frames, if any, become a candidate video); returns it."""
         if "frames" in r:
-            self.candidates.mkdir(parents=True, exist_ok=True)
             path = self.candidates / video_name(r)
-            encode_video(r.pop("frames"), path, self.fps)
-            r["video"] = str(path)
-        line = {"elapsed_s": round(self.prior_s + time.perf_counter() - self._t0, 3), "result": r}
+            try:
+                self.candidates.mkdir(parents=True, exist_ok=True)
+                encode_video(r["frames"], path, self.fps)
+            except Exception as e:  # e.g. a full disk: the frames stay, for a video at the end
+                warnings.warn(f"could not write {path} ({e}); its episode keeps its frames in memory",
+                              stacklevel=2)  # fmt: skip
+            else:
+                del r["frames"]
+                r["video"] = str(path)
+        line = {"elapsed_s": round(self.prior_s + time.perf_counter() - self._t0, 3),
+                "result": {k: v for k, v in r.items() if k != "frames"}}  # fmt: skip
         with self._lock:
-            self._f.write(json.dumps(line) + "\n")
+            self._f.write(json.dumps(line, default=_plain) + "\n")
             self._f.flush()
         return r
 
