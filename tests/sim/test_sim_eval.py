@@ -288,6 +288,8 @@ def test_interrupted_evaluation_resumes_to_the_same_result(tmp_path, capsys):
     assert names == [os.path.basename(v) for v in full["videos"]] and len(names) == 4
     assert sorted(os.listdir(tmp_path / "cut" / "videos")) == sorted(names)  # candidates cleared
     assert not journal.exists()
+    with pytest.raises(ValueError, match="pass out_dir"):
+        evaluate(Interrupted(), resume=True, **kw)
     # Without --resume, a journal left behind is replaced, and said so.
     with pytest.raises(KeyboardInterrupt):
         evaluate(Interrupted(stop_at=2), out_dir=tmp_path / "again", **kw)

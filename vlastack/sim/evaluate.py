@@ -367,14 +367,15 @@ def evaluate(
     name = policy_name(policy_factory)
     ex = cfg.execution
     lockstep = cfg.batch_episodes > 1 and ex.method == "sync" and ex.delay == 0
-    fps = 30 if cfg.suite == "metaworld" else 10  # Meta-World steps at 80 Hz: slowed down to watch
+    if resume and out_dir is None:
+        raise ValueError("resume continues the evaluation journaled in out_dir: pass out_dir (--out)")
     journal = None
     if out_dir is not None:
         from vlastack.sim.eval_journal import EvalJournal
 
         what = {"policy": policy_identity(policy_factory), "env": env_kw, "run": run_kw, "jobs": jobs,
                 "batch": cfg.batch_episodes if lockstep else 1}  # fmt: skip
-        journal = EvalJournal(Path(out_dir), what, resume, fps)
+        journal = EvalJournal(Path(out_dir), what, resume, video_fps(cfg.suite))
         if journal.done:
             print(f"resuming: {len(journal.done)} of {len(jobs)} episodes done ({journal.path})", flush=True)
     all_jobs, jobs = jobs, [j for j in jobs if journal is None or j[0] not in journal.done]
@@ -652,10 +653,16 @@ def summarize(results: list[dict], tasks: tuple[str, ...], name: str, suite: str
 def write_outputs(res: dict, results: list[dict], out: Path, videos: int) -> None:
     """eval.json, eval.png (bar chart with Wilson CIs) and videos/*.mp4 under ``out``."""
     out.mkdir(parents=True, exist_ok=True)
-    fps = 30 if res["suite"] == "metaworld" else 10  # Meta-World steps at 80 Hz: slowed down to watch
-    res["videos"] = write_videos(results, out / "videos", videos, fps) if videos > 0 else []
+    res["videos"] = (
+        write_videos(results, out / "videos", videos, video_fps(res["suite"])) if videos > 0 else []
+    )
     (out / "eval.json").write_text(json.dumps(res, indent=2))
     plot(res, out / "eval.png")
+
+
+def video_fps(suite: str) -> int:
+    """Frames per second of a suite's rollout videos: Meta-World steps at 80 Hz, slowed to 30 to watch."""
+    return 30 if suite == "metaworld" else 10
 
 
 def write_videos(results: list[dict], folder: Path, count: int, fps: int = 10) -> list[str]:
