@@ -169,6 +169,8 @@ def cmd_train(args: argparse.Namespace) -> None:
 
     # The row is rewritten every 30 s while the run trains, so a segment killed with this process
     # (a machine taken back, SIGKILL) still counts the CPU time it spent (to within 30 s; rc stays null).
+    # A delta: this process's earlier children (the pipeline's `vla data generate`) are in the totals too.
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     proc = subprocess.Popen(cmd)
     while True:
         try:
@@ -179,13 +181,10 @@ def cmd_train(args: argparse.Namespace) -> None:
                 wall_s=round(time.time() - t0, 1), cpu_s=round(max(row["cpu_s"], tree_cpu_s(proc.pid)), 1)
             )
             write()
-    # The exact figure once it has exited: its own and its reaped children's (getrusage), as before.
-    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-    row.update(
-        rc=rc,
-        wall_s=round(time.time() - t0, 1),
-        cpu_s=round(max(row["cpu_s"], usage.ru_utime + usage.ru_stime), 1),
-    )
+    # The exact figure once it has exited: its own and its reaped children's (getrusage).
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    used = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    row.update(rc=rc, wall_s=round(time.time() - t0, 1), cpu_s=round(max(row["cpu_s"], used), 1))
     write()
     total = sum(r["cpu_s"] for r in ledger)
     print(

@@ -40,3 +40,23 @@ def test_tree_cpu_counts_live_descendants(tmp_path):
         subprocess.run(["pkill", "-P", str(p.pid)], check=False)
         p.kill()
         p.wait()
+
+
+def test_segment_cpu_leaves_out_earlier_children(tmp_path, monkeypatch):
+    """The pipeline runs `vla data generate` before training in the same process: its CPU time
+    (in getrusage(RUSAGE_CHILDREN) once reaped) must not be billed to the training segment."""
+    import argparse
+    import json
+
+    from bench import metaworld as bm
+
+    spin = "import time\nt = time.process_time()\nwhile time.process_time() - t < {}: pass"
+    subprocess.run([sys.executable, "-c", spin.format(1.5)], check=True)  # the earlier child: 1.5 CPU-s
+    real = subprocess.Popen
+    monkeypatch.setattr(bm.subprocess, "Popen", lambda cmd: real([sys.executable, "-c", spin.format(0.3)]))
+    run = tmp_path / "run"
+    with pytest.raises(SystemExit) as done:  # cmd_train exits with the training's status
+        bm.cmd_train(argparse.Namespace(suite="mt10", run=str(run), data=str(tmp_path), overrides=[]))
+    assert done.value.code == 0
+    row = json.loads((run / bm.LEDGER).read_text())[-1]
+    assert row["rc"] == 0 and 0.25 <= row["cpu_s"] < 1.0, row
