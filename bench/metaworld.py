@@ -300,6 +300,9 @@ def lerobot_stage(suite: str, policy: str, data: Path, run: Path, row: str, epis
         "versions": info["versions"], "segments": info["segments"],
         "by": f"bench/metaworld.py pipeline --lerobot {policy}",
     }  # fmt: skip
+    cfg = json.loads(ev.read_text())["config"]
+    res[suite][name]["eval"] = {"evaluator": "lerobot-eval (LeRobot's MetaworldEnv, 480 px, its renderer)",
+                                **{k: cfg.get(k) for k in ("command", "eval_wall_s", "eval_cpu_s", "extra_eval_args")}}  # fmt: skip
     save(res)
 
 

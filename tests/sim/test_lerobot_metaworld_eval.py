@@ -76,3 +76,50 @@ def test_train_finished(tmp_path):
     assert not lm.train_finished(run)  # step 6 of 10, budget left
     lm.write_json(run / lm.LEDGER, [{"cpu_s": 100.0, "stopped_at_budget": True}])
     assert lm.train_finished(run)  # budget spent: the last checkpoint is the policy
+
+
+def test_pipeline_lerobot_stage_budget_and_record(tmp_path, monkeypatch):
+    """`pipeline --lerobot act`: LeRobot's run gets vlastack's measured CPU-hours, is scored in
+    kept chunks, and its row lands beside vlastack's with the generator's seeds; then it is done."""
+    from bench import lerobot_metaworld as lm
+    from bench import metaworld as bm
+
+    monkeypatch.setattr(bm, "RESULTS", tmp_path / "metaworld.json")
+    bm.save({"mt50": {"vlastack": {"cpu_hours": 2.5}}})
+    data = tmp_path / "mt50"
+    (data / "meta").mkdir(parents=True)
+    info = [{"task": t, "seed": s} for t in ("reach-v3", "push-v3") for s in (0, 1, 3)]
+    (data / "meta" / "vlastack_sim.json").write_text(json.dumps({"episode_info": info}))
+    lr_run = tmp_path / "mt50.lerobot_act"
+    calls = []
+
+    def call(cmd):
+        calls.append(cmd)
+        if cmd[2] == "train":
+            lm.write_json(lr_run / lm.PLAN, {"steps": 4, "cpu_hours_budget": 2.5})
+            lm.write_json(lr_run / lm.LEDGER, [{"cpu_s": 3600.0}])
+            step = lr_run / lm.OUT / lm.LAST / "training_state" / "training_step.json"
+            lm.write_json(step, {"step": 4})
+            lm.write_json(lr_run / lm.RUN_INFO, {"cpu_hours": 1.0, "versions": {"lerobot": "0.6.1"},
+                                                 "commands": ["lerobot-train ..."], "plan": {"steps": 4},
+                                                 "step_reached": 4, "non_default": {}, "segments": []})  # fmt: skip
+        else:
+            m = {"successes": [True, False], "sum_rewards": [0, 0], "max_rewards": [0, 0], "video_paths": []}
+            per_task = [{"task_group": t, "task_id": 0, "metrics": m} for t in ("reach-v3", "push-v3")]
+            ev = lm.convert(
+                {"per_task": per_task}, ["reach-v3", "push-v3"], 1000, 2, {"command": "lerobot-eval"}
+            )
+            lm.write_json(lr_run / "eval" / "eval.json", ev)
+        return 0
+
+    monkeypatch.setattr(bm.subprocess, "call", call)
+    bm.lerobot_stage("mt50", "act", data, tmp_path / "mt50", "vlastack", 2)
+    train, ev = calls
+    assert train[train.index("--cpu-hours") + 1] == "2.5000" and "local/mt50" in train
+    assert ev[ev.index("--chunk-tasks") + 1] == "5" and ev[ev.index("--tasks") + 1] == "MT50"
+    row = bm.load()["mt50"]["lerobot_act"]
+    assert row["cpu_hours"] == 1.0 and row["mean"] == 0.5 and row["eval_seeds"] == [1000, 1001]
+    assert row["train_seeds"] == {"reach-v3": [0, 3, 3], "push-v3": [0, 3, 3]}
+    assert row["eval"]["command"] == "lerobot-eval"
+    bm.lerobot_stage("mt50", "act", data, tmp_path / "mt50", "vlastack", 2)
+    assert len(calls) == 2  # recorded: nothing left to run
