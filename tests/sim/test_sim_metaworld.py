@@ -175,3 +175,28 @@ def test_points_uv_lands_on_the_rendered_goal():
         points_uv(np.zeros(39), "wrist")
     with pytest.raises(ValueError, match="39 wide"):
         points_uv(np.zeros(7))
+
+
+@needs_mw
+def test_blind_expert_pass_plays_the_rendered_episode():
+    """`vla data generate` plays Meta-World's expert blind first and renders only successes: the
+    blind pass must be the same episode (rendering never changes the state). box-close-v3's
+    expert succeeds seed 0 and fails seed 7 (all 500 steps, played only blind)."""
+    from vlastack.sim import generate as gen
+    from vlastack.sim.env import make_env
+
+    kw = {"suite": "metaworld", "image_size": 32, "cameras": ("image",), "render_quality": "fast"}
+    seen, blind = make_env("box-close-v3", **kw), make_env("box-close-v3", **{**kw, "cameras": ()})
+    try:
+        a, b = gen.rollout_expert(seen, 0), gen.rollout_expert(blind, 0)
+        assert a["success"] and b["success"] and a["length"] == b["length"]
+        np.testing.assert_array_equal(a["action"], b["action"])
+        np.testing.assert_array_equal(a["env_state"], b["env_state"])
+        done = gen._job("box-close-v3", 0, kw, 0.0)  # blind, then rendered
+        np.testing.assert_array_equal(done["images"]["image"], a["images"]["image"])
+        failed = gen._job("box-close-v3", 7, kw, 0.0)  # blind only: ~1 ms a step, not ~0.1 s
+        assert failed["success"] is False and failed["length"] == 500 and "images" not in failed
+    finally:
+        for env in [seen, blind, *gen._ENVS.values()]:
+            env.close()
+        gen._ENVS.clear()

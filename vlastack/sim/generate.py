@@ -130,12 +130,28 @@ def rollout_expert(
 def _job(task: str, seed: int, env_kw: dict, noise: float, settle: int = 0) -> dict[str, Any]:
     from vlastack.sim.env import make_env
 
-    # Keyed by the env settings too: an in-process caller may generate at another image size.
-    key = (task, *sorted((k, tuple(v) if isinstance(v, list) else v) for k, v in env_kw.items()))
-    if key not in _ENVS:
-        _ENVS[key] = make_env(task, **env_kw)
+    def env(kw: dict):  # keyed by the settings too: an in-process caller may use another image size
+        key = (task, *sorted((k, tuple(v) if isinstance(v, (list, tuple)) else v) for k, v in kw.items()))
+        if key not in _ENVS:
+            _ENVS[key] = make_env(task, **kw)
+        return _ENVS[key]
+
+    if env_kw.get("suite") == "metaworld" and env_kw.get("cameras"):
+        # A 480 px frame is ~all of a Meta-World step's time (~0.1 s here), and a failed attempt
+        # runs all 500 steps: the expert is first played blind (physics only: rendering reads the
+        # state, never changes it) and rendered only when it succeeds. MT50 has ~30 failed attempts
+        # in 2,500 (~26 min of rendering); the blind pass costs ~2% of a successful episode.
+        blind = rollout_expert(env({**env_kw, "cameras": ()}), seed, noise, settle=settle)
+        if not blind["success"]:
+            return {
+                "success": False,
+                "prompt": blind["prompt"],
+                "length": blind["length"],
+                "task": task,
+                "seed": seed,
+            }
     privileged = env_kw.get("suite") in OWN_SUITES
-    ep = rollout_expert(_ENVS[key], seed, noise, privileged=privileged, settle=settle)
+    ep = rollout_expert(env(env_kw), seed, noise, privileged=privileged, settle=settle)
     ep.update(task=task, seed=seed)
     if not ep["success"]:  # don't ship frames we will not write
         for k in ("images", "state", "action", "privileged", "privileged_uv", "env_state"):
