@@ -22,7 +22,8 @@ any Python (ours or the LeRobot venv's) and starts LeRobot in the LeRobot venv a
 checkpoint (``--resume=true --config_path=.../train_config.json``) with the planned total steps,
 and the budget left. ``--steps N`` skips the probe. Extra LeRobot flags go after ``--`` (e.g.
 ``-- --batch_size=16``) and are recorded as non-default settings. ``convert`` turns an existing
-``eval_info.json`` into our eval.json without running anything.
+``eval_info.json`` into our eval.json without running anything (``eval`` and ``convert`` live in
+bench/lerobot_metaworld_eval.py). The venv: ``bash scripts/setup_lerobot_venv.sh``.
 
 Run folder: ``lerobot/`` (LeRobot's ``--output_dir``: checkpoints/last/pretrained_model is the policy
 that ``eval`` scores), ``cpu_ledger.json`` (one row per training segment: CPU seconds, wall, rc, the
@@ -61,6 +62,8 @@ import threading
 import time
 from pathlib import Path
 
+# Run as a script, bench/ is first on sys.path: the repository root is needed for `bench.*`.
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 LEROBOT_PYTHON = os.environ.get("LEROBOT_PYTHON", "/work/lrvenv/bin/python")
 TRAIN_MODULE = "lerobot.scripts.lerobot_train"  # console script lerobot-train in 0.6.1
 EVAL_MODULE = "lerobot.scripts.lerobot_eval"  # console script lerobot-eval in 0.6.1
@@ -564,177 +567,6 @@ def finish(run: Path, args: argparse.Namespace, vers: dict, plan: dict, ledger: 
           f"--suite {suite} --policy {name} --eval-json {run / 'eval' / 'eval.json'} --cpu-hours {total_h:.4f}")  # fmt: skip
 
 
-# --------------------------------------------------------------------------------------------- eval
-
-
-def expand_tasks(spec: str, py: str) -> list[str]:
-    """MT10 (ours), MT50 or LeRobot's difficulty groups (its metaworld_config.json), or task names."""
-    groups: dict[str, list[str]] = {}
-    if any(s.strip() not in ("MT10",) and not s.strip().endswith("-v3") for s in spec.split(",")):
-        where = lerobot_query(
-            py, "import importlib.util as u; print(u.find_spec('lerobot').submodule_search_locations[0])"
-        )
-        groups = json.loads((Path(where.strip()) / "envs" / "metaworld_config.json").read_text())[
-            "DIFFICULTY_TO_TASKS"
-        ]
-    out: list[str] = []
-    for item in (s.strip().replace("metaworld-", "") for s in spec.split(",") if s.strip()):
-        if item.upper() == "MT10":
-            names = list(MT10)
-        elif item.upper() == "MT50":
-            names = [t for g in ("easy", "medium", "hard", "very_hard") for t in groups[g]]
-        else:
-            names = groups.get(item, [item])
-        out += [n for n in names if n not in out]
-    return out
-
-
-def gl_env(py: str) -> dict:
-    """MUJOCO_GL for lerobot-eval: as set, else egl, else osmesa (a one-frame render each)."""
-    if os.environ.get("MUJOCO_GL"):
-        return {}
-    code = "import mujoco; m = mujoco.MjModel.from_xml_string('<mujoco/>'); mujoco.Renderer(m, 8, 8).render()"
-    for name in ("egl", "osmesa"):
-        env = lerobot_env({"MUJOCO_GL": name, "PYOPENGL_PLATFORM": name})
-        if subprocess.run([py, "-c", code], env=env, capture_output=True).returncode == 0:
-            return {"MUJOCO_GL": name, "PYOPENGL_PLATFORM": name}
-    sys.exit("no MuJoCo GL backend works (tried egl, osmesa): set MUJOCO_GL")
-
-
-def wilson(k: int, n: int, z: float = 1.96) -> list[float]:
-    """The 95% Wilson interval of k successes in n (vlastack/sim/evaluate.py's, stdlib only)."""
-    if n == 0:
-        return [0.0, 0.0]
-    p = k / n
-    d = 1 + z * z / n
-    c = (p + z * z / (2 * n)) / d
-    h = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / d
-    return [max(0.0, c - h), min(1.0, c + h)]
-
-
-def convert(info: dict, tasks: list[str], seed: int, n: int, extra_config: dict | None = None) -> dict:
-    """lerobot-eval's eval_info.json -> our eval.json shape (vlastack/sim/evaluate.py summarize).
-
-    eval_info: {"per_task": [{"task_group", "task_id", "metrics": {"successes": [...], "sum_rewards",
-    "max_rewards", "video_paths"}}], "per_group": {...}, "overall": {...}}. With --env.task a comma
-    list of names, each name is its own group with task_id 0. Episode j of every task ran with seed
-    ``seed + j`` (eval_policy: start_seed + batch_ix * batch_size + k); eval_info does not repeat it.
-    """
-    by_task: dict[str, dict] = {}
-    for entry in info["per_task"]:
-        if entry["task_group"] not in tasks:  # a difficulty group: task_id indexes its list
-            raise ValueError(
-                f"unexpected task_group {entry['task_group']!r}; run lerobot-eval with task names"
-            )
-        by_task[entry["task_group"]] = entry["metrics"]
-    episodes, per_task = [], {}
-    for t in tasks:
-        m = by_task.get(t)
-        if m is None:
-            raise ValueError(f"{t} missing from eval_info.json")
-        succ = [bool(s) for s in m["successes"]]
-        if len(succ) != n:
-            print(f"warning: {t}: {len(succ)} episodes in eval_info, expected {n}")
-        for j, s in enumerate(succ):
-            episodes.append({"task": t, "seed": seed + j, "success": s, "episode": j,
-                             "sum_reward": m["sum_rewards"][j], "max_reward": m["max_rewards"][j]})  # fmt: skip
-        k = sum(succ)
-        per_task[t] = {"n": len(succ), "successes": k, "success_rate": k / len(succ) if succ else 0.0,
-                       "ci95": wilson(k, len(succ))}  # fmt: skip
-    k_all, n_all = sum(e["success"] for e in episodes), len(episodes)
-    rates = [v["success_rate"] for v in per_task.values() if v["n"]]
-    return {
-        "suite": "metaworld",
-        "tasks": per_task,
-        "overall": {
-            "n": n_all,
-            "successes": k_all,
-            "success_rate": k_all / n_all if n_all else 0.0,
-            "ci95": wilson(k_all, n_all),
-        },
-        "mean_task_success": sum(rates) / len(rates) if rates else 0.0,
-        "lerobot_overall": info.get("overall"),
-        "wall_s": (info.get("overall") or {}).get("eval_s"),
-        "episodes": episodes,
-        "config": {
-            "episodes": n,
-            "seed": seed,
-            "seed_scheme": "per_task",
-            "render_quality": "lerobot",  # lerobot-eval's MetaworldEnv: Meta-World's own render settings
-            "max_steps": 500,  # MetaworldEnv._max_episode_steps
-            "image_size": 480,
-            "evaluator": "lerobot-eval",
-            **(extra_config or {}),
-        },
-    }
-
-
-def cmd_eval(args: argparse.Namespace) -> None:
-    run = Path(args.run)
-    py = args.lerobot_python
-    policy_dir = Path(args.checkpoint) if args.checkpoint else run / OUT / LAST / "pretrained_model"
-    if not (policy_dir / "config.json").exists():
-        sys.exit(f"no LeRobot policy at {policy_dir}")
-    tasks = expand_tasks(args.tasks, py)
-    out = Path(args.out) if args.out else run / "eval"
-    lr_out = out / "lerobot"
-    size = args.chunk_tasks or len(tasks)
-    chunks = [tasks[i : i + size] for i in range(0, len(tasks), size)]
-    # Chunks of tasks, each its own lerobot-eval run (``--chunk-tasks``): a finished chunk is kept,
-    # so an evaluation cut off with its session continues (MT50 at 480 px takes hours here).
-    # ``settings`` decide the results: a folder holding another evaluation is moved aside.
-    settings = {"policy": str(policy_dir.resolve()), "chunks": chunks, "episodes": args.episodes_per_task,
-                "seed": args.seed, "batch_size": args.batch_size, "extra": list(args.extra)}  # fmt: skip
-    if lr_out.exists() and read_json(lr_out / "settings.json") != settings:
-        lr_out.rename(out / f"lerobot.old-{datetime.datetime.now():%Y%m%d-%H%M%S}")
-    lr_out.mkdir(parents=True, exist_ok=True)
-    write_json(lr_out / "settings.json", settings)
-    env = lerobot_env(gl_env(py))
-    per_task, rows, cmds = [], [], []
-    for k, chunk in enumerate(chunks):
-        where = lr_out / f"part-{k:03d}"
-        cmd = [py, "-m", EVAL_MODULE, f"--policy.path={policy_dir.resolve()}", "--policy.device=cpu",
-               "--env.type=metaworld", f"--env.task={','.join(chunk)}", f"--eval.n_episodes={args.episodes_per_task}",
-               f"--eval.batch_size={args.batch_size}", f"--seed={args.seed}", f"--output_dir={where.resolve()}",
-               *args.extra]  # fmt: skip
-        cmds.append(shlex.join(cmd))
-        if not (where / "eval_info.json").is_file():
-            if where.exists():
-                shutil.rmtree(where)  # a chunk cut off midway: lerobot-eval starts it again
-            print(f"lerobot-eval: tasks {k * size + 1}-{k * size + len(chunk)} of {len(tasks)}", flush=True)
-            row = Segment(cmd, out / "eval_log.txt", env=env).run()
-            if row["rc"] != 0:
-                sys.exit(f"lerobot-eval failed (rc {row['rc']}); see {out / 'eval_log.txt'}")
-            write_json(where / "segment.json", row)
-        rows.append(read_json(where / "segment.json", {}))
-        per_task += json.loads((where / "eval_info.json").read_text())["per_task"]
-    eval_s = sum((r.get("wall_s") or 0.0) for r in rows)
-    info = {"per_task": per_task, "overall": {"eval_s": eval_s, "chunks": len(chunks)}}
-    train = read_json(run / RUN_INFO) or {}
-    ev = convert(info, tasks, args.seed, args.episodes_per_task, {
-        "batch_size": args.batch_size, "command": cmds[0] if len(cmds) == 1 else cmds,
-        "mujoco_gl": env.get("MUJOCO_GL"),
-        "policy_path": str(policy_dir.resolve()), "policy": train.get("policy"),
-        "train_steps": train.get("step_reached"), "train_cpu_hours": train.get("cpu_hours"),
-        "versions": versions(py), "eval_cpu_s": sum((r.get("cpu_s") or 0.0) for r in rows), "eval_wall_s": eval_s,
-        "extra_eval_args": list(args.extra)})  # fmt: skip
-    ev["policy"] = f"lerobot_{train.get('policy', 'policy')}"
-    write_json(out / "eval.json", ev)
-    print(f"wrote {out / 'eval.json'}: mean task success {ev['mean_task_success']:.1%} "
-          f"over {len(tasks)} tasks x {args.episodes_per_task}")  # fmt: skip
-    if train.get("cpu_hours") is not None:
-        print(f"record: .venv/bin/python bench/metaworld.py record --suite {suite_of(tasks)} --policy {ev['policy']} "
-              f"--eval-json {out / 'eval.json'} --cpu-hours {train['cpu_hours']:.4f}")  # fmt: skip
-
-
-def cmd_convert(args: argparse.Namespace) -> None:
-    info = json.loads(Path(args.eval_info).read_text())
-    tasks = expand_tasks(args.tasks, args.lerobot_python)
-    ev = convert(info, tasks, args.seed, args.episodes_per_task)
-    write_json(Path(args.out), ev)
-    print(f"wrote {args.out}: mean task success {ev['mean_task_success']:.1%}")
-
-
 # --------------------------------------------------------------------------------------------- main
 
 
@@ -782,6 +614,7 @@ def main(argv: list[str] | None = None) -> None:
         default=0,
         help="run lerobot-eval on this many tasks at a time, keeping finished chunks (resumable); 0 = all at once",
     )
+    v.add_argument("--parallel", type=int, default=1, help="chunks evaluated side by side (one core each)")
     c = sub.add_parser("convert", help="an existing eval_info.json -> our eval.json")
     c.add_argument("--eval-info", required=True)
     c.add_argument("--tasks", default="MT10")
@@ -792,6 +625,8 @@ def main(argv: list[str] | None = None) -> None:
     args.extra = extra
     if args.cmd == "train" and args.resize and args.policy != "diffusion":
         ap.error("--resize: only Diffusion Policy has a resize field (ACT has none)")
+    from bench.lerobot_metaworld_eval import cmd_convert, cmd_eval
+
     {"train": cmd_train, "eval": cmd_eval, "convert": cmd_convert}[args.cmd](args)
 
 

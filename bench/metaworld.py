@@ -261,7 +261,7 @@ LEROBOT_SETTINGS = {
 def lerobot_stage(suite: str, policy: str, data: Path, run: Path, row: str, episodes_per_task: int) -> None:
     """LeRobot 0.6.1's ``policy`` trained by lerobot-train on the same data within the CPU-hours
     vlastack's row measured, scored by lerobot-eval on the same seeds (in chunks of 5 tasks, kept
-    as they finish), and recorded: each part only if not done, like the rest of the pipeline."""
+    as they finish, two side by side), and recorded: each part only if not done, like the rest of the pipeline."""
     from bench import lerobot_metaworld as lm
 
     if policy not in LEROBOT_SETTINGS:
@@ -284,7 +284,8 @@ def lerobot_stage(suite: str, policy: str, data: Path, run: Path, row: str, epis
     ev = lr_run / "eval" / "eval.json"
     if not ev.is_file():
         cmd = [*script, "eval", "--run", str(lr_run), "--tasks", suite.upper(), "--episodes-per-task",
-               str(episodes_per_task), "--seed", "1000", "--chunk-tasks", "5", *settings["eval"]]  # fmt: skip
+               str(episodes_per_task), "--seed", "1000", "--chunk-tasks", "5", "--parallel", "2",
+               *settings["eval"]]  # fmt: skip
         print("$", " ".join(cmd), flush=True)
         if subprocess.call(cmd) != 0:
             sys.exit(1)

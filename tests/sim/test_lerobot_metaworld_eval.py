@@ -15,7 +15,7 @@ if sys.argv[1] == "-c":  # version queries: answered by the real interpreter
 args = dict(a[2:].split("=", 1) for a in sys.argv[3:] if a.startswith("--"))
 log = pathlib.Path({log!r})
 with log.open("a") as f:
-    f.write(args["env.task"] + "\\n")
+    f.write(args["env.task"] + os.environ.get("LP_NUM_THREADS", "") + "\\n")
 if os.path.exists({fail!r}) and len(log.read_text().splitlines()) == 2:
     sys.exit(1)  # the second chunk dies (a machine taken back)
 n = int(args["eval.n_episodes"])
@@ -61,6 +61,28 @@ def test_chunked_lerobot_eval_resumes_finished_chunks(tmp_path, monkeypatch):
     assert len(list((run / "eval").glob("lerobot.old-*"))) == 1
 
 
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="a shebang stand-in for LeRobot's python")
+def test_chunks_side_by_side(tmp_path, monkeypatch):
+    """--parallel 2: chunks run two at a time, each rendering on its own core (LP_NUM_THREADS=0);
+    the tasks keep their order in eval.json."""
+    from bench import lerobot_metaworld as lm
+
+    monkeypatch.setenv("MUJOCO_GL", "egl")
+    log = tmp_path / "calls.txt"
+    fake = tmp_path / "python"
+    fake.write_text(FAKE.format(python=sys.executable, log=str(log), fail=str(tmp_path / "never")))
+    fake.chmod(0o755)
+    run = tmp_path / "run"
+    (run / lm.OUT / lm.LAST / "pretrained_model").mkdir(parents=True)
+    (run / lm.OUT / lm.LAST / "pretrained_model" / "config.json").write_text("{}")
+    tasks = "reach-v3,push-v3,pick-place-v3"
+    lm.main(["--lerobot-python", str(fake), "eval", "--run", str(run), "--tasks", tasks,
+             "--episodes-per-task", "1", "--chunk-tasks", "1", "--parallel", "2"])  # fmt: skip
+    assert sorted(log.read_text().split()) == sorted(f"{t}0" for t in tasks.split(","))
+    ev = json.loads((run / "eval" / "eval.json").read_text())
+    assert list(ev["tasks"]) == tasks.split(",") and ev["config"]["parallel"] == 2
+
+
 def test_train_finished(tmp_path):
     from bench import lerobot_metaworld as lm
 
@@ -82,6 +104,7 @@ def test_pipeline_lerobot_stage_budget_and_record(tmp_path, monkeypatch):
     """`pipeline --lerobot act`: LeRobot's run gets vlastack's measured CPU-hours, is scored in
     kept chunks, and its row lands beside vlastack's with the generator's seeds; then it is done."""
     from bench import lerobot_metaworld as lm
+    from bench import lerobot_metaworld_eval as lme
     from bench import metaworld as bm
 
     monkeypatch.setattr(bm, "RESULTS", tmp_path / "metaworld.json")
@@ -106,7 +129,7 @@ def test_pipeline_lerobot_stage_budget_and_record(tmp_path, monkeypatch):
         else:
             m = {"successes": [True, False], "sum_rewards": [0, 0], "max_rewards": [0, 0], "video_paths": []}
             per_task = [{"task_group": t, "task_id": 0, "metrics": m} for t in ("reach-v3", "push-v3")]
-            ev = lm.convert(
+            ev = lme.convert(
                 {"per_task": per_task}, ["reach-v3", "push-v3"], 1000, 2, {"command": "lerobot-eval"}
             )
             lm.write_json(lr_run / "eval" / "eval.json", ev)
@@ -117,6 +140,7 @@ def test_pipeline_lerobot_stage_budget_and_record(tmp_path, monkeypatch):
     train, ev = calls
     assert train[train.index("--cpu-hours") + 1] == "2.5000" and "local/mt50" in train
     assert ev[ev.index("--chunk-tasks") + 1] == "5" and ev[ev.index("--tasks") + 1] == "MT50"
+    assert ev[ev.index("--parallel") + 1] == "2"
     row = bm.load()["mt50"]["lerobot_act"]
     assert row["cpu_hours"] == 1.0 and row["mean"] == 0.5 and row["eval_seeds"] == [1000, 1001]
     assert row["train_seeds"] == {"reach-v3": [0, 3, 3], "push-v3": [0, 3, 3]}

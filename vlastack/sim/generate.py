@@ -134,6 +134,9 @@ def _job(task: str, seed: int, env_kw: dict, noise: float, settle: int = 0) -> d
         key = (task, *sorted((k, tuple(v) if isinstance(v, (list, tuple)) else v) for k, v in kw.items()))
         if key not in _ENVS:
             _ENVS[key] = make_env(task, **kw)
+            # Closed at exit, before the interpreter's teardown frees MuJoCo's EGL renderers late
+            # (which prints EGLError tracebacks after a successful run).
+            __import__("atexit").register(_close_quietly, _ENVS[key])
         return _ENVS[key]
 
     if env_kw.get("suite") == "metaworld" and env_kw.get("cameras"):
@@ -157,6 +160,11 @@ def _job(task: str, seed: int, env_kw: dict, noise: float, settle: int = 0) -> d
         for k in ("images", "state", "action", "privileged", "privileged_uv", "env_state"):
             ep.pop(k, None)
     return ep
+
+
+def _close_quietly(env) -> None:
+    with __import__("contextlib").suppress(Exception):  # MuJoCo's EGL hook may have run first
+        env.close()
 
 
 def _episode_features(
