@@ -288,6 +288,15 @@ def test_interrupted_evaluation_resumes_to_the_same_result(tmp_path, capsys):
     assert names == [os.path.basename(v) for v in full["videos"]] and len(names) == 4
     assert sorted(os.listdir(tmp_path / "cut" / "videos")) == sorted(names)  # candidates cleared
     assert not journal.exists()
+    from vlastack.folderlock import FolderLock
+
+    held = FolderLock(tmp_path / "cut" / ".lock", "vla eval", "x", "y")
+    held.acquire()  # a second evaluation into a folder in use is refused
+    try:
+        with pytest.raises(ValueError, match=r"evaluation folder .*cut is in use by vla eval pid \d+"):
+            evaluate(Interrupted(), out_dir=tmp_path / "cut", resume=True, **kw)
+    finally:
+        held.release()
     with pytest.raises(ValueError, match="pass out_dir"):
         evaluate(Interrupted(), resume=True, **kw)
     # Without --resume, a journal left behind is replaced, and said so.

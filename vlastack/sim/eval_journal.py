@@ -30,6 +30,8 @@ from typing import Any
 
 import numpy as np
 
+from vlastack.folderlock import FolderLock
+
 JOURNAL = "eval.partial.jsonl"
 CANDIDATES = ".candidates"
 
@@ -75,6 +77,19 @@ class EvalJournal:
         self.done: dict[int, dict] = {}
         self.prior_s = 0.0  # evaluation time of the earlier segments (to their last finished episode)
         self._lock = threading.Lock()
+        # One evaluation per folder: a second into the same --out would interleave its journal
+        # lines with this one's and overwrite its eval.json; it is refused with this one's pid.
+        self._owner = FolderLock(self.out / ".lock", "vla eval", f"evaluation folder {self.out}",
+                                 "wait for that evaluation to finish, stop it, or pass another --out")  # fmt: skip
+        self._owner.acquire()
+        try:
+            self._open(settings, resume)
+        except BaseException:
+            self._owner.release()
+            raise
+
+    def _open(self, settings: dict[str, Any], resume: bool) -> None:
+        """Read back a journal to resume (or replace it), then open it for appending."""
         key = fingerprint(settings)
         lines = self._read() if self.path.is_file() else []
         if lines and resume:
@@ -136,6 +151,7 @@ class EvalJournal:
     def close(self) -> None:
         if not self._f.closed:
             self._f.close()
+        self._owner.release()
 
     def finish(self) -> None:
         """The evaluation is written: drop the journal and the unpicked candidate videos."""
