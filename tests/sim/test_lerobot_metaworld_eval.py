@@ -33,6 +33,7 @@ def test_chunked_lerobot_eval_resumes_finished_chunks(tmp_path, monkeypatch):
     from bench import lerobot_metaworld as lm
 
     monkeypatch.setenv("MUJOCO_GL", "egl")  # no GL probe through the stand-in
+    monkeypatch.delenv("LP_NUM_THREADS", raising=False)  # set by any earlier rendering in this process
     log, fail = tmp_path / "calls.txt", tmp_path / "fail"
     fake = tmp_path / "python"
     fake.write_text(FAKE.format(python=sys.executable, log=str(log), fail=str(fail)))
@@ -68,6 +69,7 @@ def test_chunks_side_by_side(tmp_path, monkeypatch):
     from bench import lerobot_metaworld as lm
 
     monkeypatch.setenv("MUJOCO_GL", "egl")
+    monkeypatch.delenv("LP_NUM_THREADS", raising=False)
     log = tmp_path / "calls.txt"
     fake = tmp_path / "python"
     fake.write_text(FAKE.format(python=sys.executable, log=str(log), fail=str(tmp_path / "never")))
