@@ -65,3 +65,29 @@ def test_transforms_uint8_shapes_and_determinism():
     assert torch.equal(augment(img), img)
     with pytest.raises(ValueError, match=r"\[..., 3, H, W\]"):
         resize(torch.zeros(4, 5, 6, dtype=torch.uint8), 3)
+
+
+def test_crop_moves_the_attention_targets_with_the_pixels():
+    """A random crop shifts and scales the image under the attention supervision's (u, v)
+    targets; augment(..., uv=) moves them with the first camera's crop, so each target still
+    names the pixel of its point."""
+    from vlastack.data.transforms import augment
+
+    b, size = 16, 64
+    gen = torch.Generator().manual_seed(0)
+    uv = torch.rand(b, 4, generator=gen) * 0.6 + 0.2  # two points per sample, inside the image
+    img = torch.zeros(b, 2, 3, size, size, dtype=torch.uint8)
+    for i in range(b):  # a bright 3x3 dot at the first point, in camera 0 only
+        x, y = int(uv[i, 0] * size), int(uv[i, 1] * size)
+        img[i, 0, :, y - 1 : y + 2, x - 1 : x + 2] = 255
+    out, moved = augment(img, 0.6, 0.0, generator=gen, uv=uv)
+    assert moved.shape == uv.shape and not torch.allclose(moved, uv)
+    for i in range(b):
+        heat = out[i, 0, 0].float()
+        y, x = divmod(int(heat.argmax()), size)
+        assert (
+            abs((x + 0.5) / size - moved[i, 0]) <= 2.5 / size
+            and abs((y + 0.5) / size - moved[i, 1]) <= 2.5 / size
+        )
+    _, kept = augment(img, 1.0, 0.3, generator=gen, uv=uv)  # no crop: the targets stay
+    assert torch.equal(kept, uv)

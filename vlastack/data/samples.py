@@ -157,9 +157,6 @@ class VLADataset(Dataset):
         for j, key in enumerate(self.cam_keys):
             if self.present[j]:
                 images[j] = fit_image(torch.from_numpy(item[key]).permute(2, 0, 1), s, m.image_resize)
-        if self.augment:
-            crop, jit = self.cfg.data.random_crop_scale, self.cfg.data.color_jitter
-            images = augment_images(images, crop, jit)
         state = torch.zeros(m.state_dim)
         state[: self.state_dim] = torch.from_numpy(
             self.normalizer.normalize(STATE_KEY, item[STATE_KEY].astype(np.float32))
@@ -193,6 +190,13 @@ class VLADataset(Dataset):
             out["env_state"] = torch.from_numpy(np.asarray(env, dtype=np.float32))
             if m.grounding.attend_weight:
                 out["env_uv"] = torch.from_numpy(np.asarray(item[self.uv_key], dtype=np.float32))
+        if self.augment:  # the attention targets move with the first camera's crop
+            crop, jit = self.cfg.data.random_crop_scale, self.cfg.data.color_jitter
+            if "env_uv" in out:
+                imgs, uv = augment_images(images[None], crop, jit, uv=out["env_uv"][None])
+                out["images"], out["env_uv"] = imgs[0], uv[0]
+            else:
+                out["images"] = augment_images(images, crop, jit)
         if self.return_index:
             out["index"] = torch.tensor(i, dtype=torch.int64)
         return out

@@ -38,10 +38,13 @@ def random_resized_crop(
     scale: tuple[float, float] = (0.9, 1.0),
     size: int | tuple[int, int] | None = None,
     generator: torch.Generator | None = None,
-) -> Tensor:
+    return_boxes: bool = False,
+) -> Tensor | tuple[Tensor, Tensor]:
     """Crop a random box covering ``scale`` of the area (same aspect ratio), resize to ``size``.
 
-    One ``grid_sample`` call for the whole batch, so it is cheap on a GPU.
+    One ``grid_sample`` call for the whole batch, so it is cheap on a GPU. ``return_boxes``: also
+    return each image's box, fp32 [*lead, 3] = (side, cx, cy) in ``affine_grid``'s [-1, 1]
+    coordinates, for ``crop_uv``.
     """
     x, lead = _flat(images)
     n, _, h, w = x.shape
@@ -55,7 +58,20 @@ def random_resized_crop(
     theta[:, 0, 0], theta[:, 1, 1], theta[:, 0, 2], theta[:, 1, 2] = side, side, cx, cy
     grid = F.affine_grid(theta, [n, 3, oh, ow], align_corners=False)
     out = F.grid_sample(x.float(), grid, mode="bilinear", padding_mode="border", align_corners=False)
-    return _to_uint8(out).reshape(*lead, 3, oh, ow)
+    out = _to_uint8(out).reshape(*lead, 3, oh, ow)
+    if return_boxes:
+        return out, torch.stack([side, cx, cy], -1).reshape(*lead, 3)
+    return out
+
+
+def crop_uv(uv: Tensor, boxes: Tensor) -> Tensor:
+    """Points (u, v) as fractions of an image [B, 2 x points] -> where they land in its crop,
+    boxes [B, 3] from ``random_resized_crop(..., return_boxes=True)``. The crop maps output x_o
+    in [-1, 1] to input x_i = side * x_o + c, so u_o = ((2 u_i - 1 - c) / side + 1) / 2. A point
+    the crop cuts off lands outside [0, 1] (the attention loss skips such points)."""
+    pts = uv.float().reshape(uv.shape[0], -1, 2)
+    side, centre = boxes[:, None, :1].float(), boxes[:, None, 1:].float()
+    return (((2 * pts - 1 - centre) / side + 1) / 2).reshape(uv.shape).to(uv.dtype)
 
 
 def resize_with_pad(images: Tensor, height: int, width: int) -> Tensor:
@@ -107,11 +123,22 @@ def color_jitter(images: Tensor, strength: float, generator: torch.Generator | N
 
 
 def augment(
-    images: Tensor, crop_scale: float = 1.0, jitter: float = 0.0, generator: torch.Generator | None = None
-) -> Tensor:
-    """The training augmentation of ``cfg.data``: random crop (area in [crop_scale, 1]) + jitter."""
+    images: Tensor,
+    crop_scale: float = 1.0,
+    jitter: float = 0.0,
+    generator: torch.Generator | None = None,
+    uv: Tensor | None = None,
+) -> Tensor | tuple[Tensor, Tensor]:
+    """The training augmentation of ``cfg.data``: random crop (area in [crop_scale, 1]) + jitter.
+
+    ``uv`` [B, 2 x points]: points as fractions of the first camera's image (the attention
+    supervision's targets, ``env_uv``); then returns (images, uv moved with that camera's crop),
+    so the targets stay on the pixels they name."""
+    boxes = None
     if crop_scale < 1.0:
-        images = random_resized_crop(images, (crop_scale, 1.0), generator=generator)
+        images, boxes = random_resized_crop(images, (crop_scale, 1.0), generator=generator, return_boxes=True)
     if jitter > 0:
         images = color_jitter(images, jitter, generator=generator)
-    return images
+    if uv is None:
+        return images
+    return images, (uv if boxes is None else crop_uv(uv, boxes[:, 0]))

@@ -536,9 +536,16 @@ class Trainer:
             return batch
         from vlastack.data.transforms import augment
 
-        imgs = augment(batch["images"], d.random_crop_scale, d.color_jitter, generator=self.aug_gen)
-        imgs = imgs * batch["image_mask"][:, :, None, None, None].to(imgs.dtype)  # absent cameras stay zero
-        return {**batch, "images": imgs}
+        out = dict(batch)
+        if "env_uv" in batch:  # the attention targets move with the first camera's crop
+            imgs, out["env_uv"] = augment(batch["images"], d.random_crop_scale, d.color_jitter,
+                                          generator=self.aug_gen, uv=batch["env_uv"])  # fmt: skip
+        else:
+            imgs = augment(batch["images"], d.random_crop_scale, d.color_jitter, generator=self.aug_gen)
+        out["images"] = imgs * batch["image_mask"][:, :, None, None, None].to(
+            imgs.dtype
+        )  # absent cameras stay zero
+        return out
 
     def fit(self, stop_after: int | None = None) -> dict:
         """Train to ``train.steps``; returns a summary (final loss, timings, final folder).
