@@ -5,7 +5,8 @@ second run's checkpoints replace the first's; two generations interleave parts).
 takes ``flock(LOCK_EX | LOCK_NB)`` on ``path`` for as long as it is held, and writes who holds it
 into the file, so the second process is refused at once with a ``ValueError`` naming the holder.
 The kernel releases the lock when the process dies, even by ``kill -9``: a crash never leaves a
-stale lock to clear by hand. Used by ``train.runctl.RunLock`` and ``vla data generate``.
+stale lock to clear by hand. Used by ``train.runctl.RunLock`` (``vla train``), ``vla data generate``
+and ``vla eval`` (``sim.eval_journal``).
 """
 
 from __future__ import annotations
