@@ -312,9 +312,14 @@ def dataset_train_seeds(data: Path) -> dict[str, list[int]] | None:
     side = data / "meta" / "vlastack_sim.json"
     if not side.is_file():
         return None
+    return seed_ranges((e["task"], e["seed"]) for e in json.loads(side.read_text())["episode_info"])
+
+
+def seed_ranges(pairs) -> dict[str, list[int]]:
+    """(task, seed) pairs -> {task: [first seed, last seed, count]}."""
     by_task: dict[str, list[int]] = {}
-    for e in json.loads(side.read_text())["episode_info"]:
-        by_task.setdefault(e["task"], []).append(int(e["seed"]))
+    for t, k in pairs:
+        by_task.setdefault(t, []).append(int(k))
     return {t: [min(v), max(v), len(v)] for t, v in by_task.items()}
 
 
@@ -389,10 +394,7 @@ def record(
         seeds_file = run / "final" / "train_seeds.json"
         if seeds_file.exists():
             s = json.loads(seeds_file.read_text())
-            by_task: dict[str, list[int]] = {}
-            for t, k in s["episodes"]:
-                by_task.setdefault(t, []).append(k)
-            train_seeds = {t: [min(v), max(v), len(v)] for t, v in by_task.items()}  # [first, last, count]
+            train_seeds = seed_ranges(s["episodes"])
         from vlastack.config import load_yaml, to_dict
 
         cfg = to_dict(load_yaml(run / "final" / "config.yaml"))
