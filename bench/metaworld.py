@@ -14,6 +14,8 @@
     # vlastack's row measured (bench/lerobot_metaworld.py, LeRobot's venv), resumable the same way
     .venv/bin/python bench/metaworld.py pipeline --suite mt50 --data data/mt50 --run runs/mt50 --episodes-per-task 10 \
         --lerobot act,diffusion
+    # where that pipeline stands: each stage done, under way (how far, CPU-hours, time left) or not started
+    .venv/bin/python bench/metaworld.py status --suite mt50 --data data/mt50 --run runs/mt50 --episodes-per-task 10
     # record a row evaluated elsewhere (e.g. a LeRobot policy scored on the same seeds)
     .venv/bin/python bench/metaworld.py record --suite mt10 --policy lerobot_act --eval-json X --cpu-hours H
 
@@ -246,6 +248,79 @@ def cmd_pipeline(args: argparse.Namespace) -> None:
         lerobot_stage(args.suite, policy, data, run, args.row, args.lerobot_episodes_per_task)
 
 
+def cmd_status(args: argparse.Namespace) -> None:
+    """Where a ``pipeline`` stands, one line per stage: done (with its figure), under way (how far,
+    the CPU-hours so far and the time left at the measured pace) or not started. Reads files only."""
+    from bench import lerobot_metaworld as lm
+    from vlastack.config import load_yaml
+    from vlastack.sim.metaworld_tasks import expand_tasks
+
+    def say(stage: str, text: str) -> None:
+        print(f"{stage:<17} {text}")
+
+    data, run = Path(args.data), Path(args.run)
+    n_tasks = len(expand_tasks([args.suite.upper()]))
+    if (data / "meta" / "vlastack_sim.json").is_file():
+        info = json.loads((data / "meta" / "info.json").read_text())
+        say("data", f"done: {info['total_episodes']} episodes, {info['total_frames']} frames in {data}")
+    else:
+        parts = data.with_name(data.name + ".parts")
+        done = (
+            [p for p in parts.glob("*") if p.is_dir() and not p.name.endswith(".partial")]
+            if parts.is_dir()
+            else []
+        )
+        say(
+            "data",
+            f"{len(done)} of {n_tasks} tasks written, then the merge" if parts.is_dir() else "not started",
+        )
+    ledger = json.loads((run / LEDGER).read_text()) if (run / LEDGER).is_file() else []
+    cpu_h = sum(r["cpu_s"] for r in ledger) / 3600
+    if training_done(run):
+        say(
+            "train",
+            f"done: {json.loads((run / 'train_summary.json').read_text())['steps']} steps, {cpu_h:.2f} CPU-h",
+        )
+    elif (run / "config.yaml").is_file():
+        cfg = load_yaml(run / "config.yaml")
+        latest = run / "checkpoints" / "latest"
+        step = int(latest.read_text().strip().rsplit("_", 1)[-1]) if latest.is_file() else 0
+        metrics = (
+            (run / "metrics.jsonl").read_text().splitlines() if (run / "metrics.jsonl").is_file() else []
+        )
+        pace = [r["train/samples_per_s"] for r in map(json.loads, metrics) if "train/samples_per_s" in r][-1:]
+        left = f", ~{(cfg.train.steps - step) * cfg.train.batch_size / pace[0] / 3600:.1f} h left at " \
+            f"{pace[0]:.0f} samples/s" if pace else ""  # fmt: skip
+        say("train", f"step {step} of {cfg.train.steps} saved, {cpu_h:.2f} CPU-h so far{left}")
+    else:
+        say("train", "not started")
+    out = run / "eval"
+    if (out / "eval.json").is_file():
+        r = rates(json.loads((out / "eval.json").read_text()))
+        say("eval", f"done: mean {sum(r.values()) / len(r):.1%} over {len(r)} tasks")
+    elif (out / "eval.partial.jsonl").is_file():  # a half-written last line (a kill) is left out
+        lines = [x for x in (out / "eval.partial.jsonl").read_text().splitlines()[1:] if x.endswith("}")]
+        ok = sum(bool(json.loads(x)["result"]["success"]) for x in lines)
+        total = f" of {n_tasks * args.episodes_per_task}" if args.episodes_per_task else ""
+        say("eval", f"{len(lines)}{total} episodes journaled, {ok} successes so far")
+    else:
+        say("eval", "not started")
+    res = load().get(args.suite, {})
+    for policy in [p for p in (args.lerobot or "").split(",") if p]:
+        name, lr_run = f"lerobot_{policy}", run.with_name(f"{run.name}.lerobot_{policy}")
+        if name in res:
+            say(name, f"done: mean {res[name]['mean']:.1%}, {res[name]['cpu_hours']:.2f} CPU-h")
+        elif lm.train_finished(lr_run):
+            chunks = len(list((lr_run / "eval" / "lerobot").glob("part-*/eval_info.json")))
+            say(name, f"trained; lerobot-eval: {chunks} of {-(-n_tasks // 5)} chunks of 5 tasks done")
+        elif (lr_run / lm.LEDGER).is_file():
+            used = sum(r["cpu_s"] for r in json.loads((lr_run / lm.LEDGER).read_text())) / 3600
+            budget = res.get(args.row, {}).get("cpu_hours") or 0
+            say(name, f"training: {used:.2f} of {budget:.2f} CPU-h spent")
+        else:
+            say(name, "not started")
+
+
 # LeRobot's policies beside vlastack's row, as the MT10 rows were made (docs/metaworld.md): Diffusion
 # Policy trains at 128 px (its resize_shape) and is scored with DDIM in 10 steps (DDPM's 100 steps
 # per chunk make a 480 px evaluation take days here); ACT as LeRobot ships it.
@@ -461,6 +536,13 @@ def main() -> None:
     )
     p.add_argument("--lerobot-episodes-per-task", type=int, default=2, help="lerobot-eval episodes per task")
     p.add_argument("overrides", nargs="*", help="dotted config overrides (training and evaluation)")
+    st = sub.add_parser("status", help="where a pipeline stands (reads its files; starts nothing)")
+    st.add_argument("--suite", choices=sorted(RECIPES), required=True)
+    st.add_argument("--run", required=True)
+    st.add_argument("--data", required=True)
+    st.add_argument("--episodes-per-task", type=int, default=None)
+    st.add_argument("--as", dest="row", default="vlastack", help="vlastack's row (it sets LeRobot's budget)")
+    st.add_argument("--lerobot", default="act,diffusion", help="the LeRobot rows to report")
     r = sub.add_parser("record")
     r.add_argument("--suite", choices=sorted(RECIPES), required=True)
     r.add_argument("--policy", required=True)
@@ -478,7 +560,7 @@ def main() -> None:
         )
     else:
         cmds = {"expert": cmd_expert, "train": cmd_train, "eval": cmd_eval, "grounding": cmd_grounding}
-        {**cmds, "pipeline": cmd_pipeline}[args.cmd](args)
+        {**cmds, "pipeline": cmd_pipeline, "status": cmd_status}[args.cmd](args)
 
 
 if __name__ == "__main__":

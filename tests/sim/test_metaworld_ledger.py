@@ -60,3 +60,45 @@ def test_segment_cpu_leaves_out_earlier_children(tmp_path, monkeypatch):
     assert done.value.code == 0
     row = json.loads((run / bm.LEDGER).read_text())[-1]
     assert row["rc"] == 0 and 0.25 <= row["cpu_s"] < 1.0, row
+
+
+def test_status_reports_each_stage(tmp_path, monkeypatch, capsys):
+    """`bench/metaworld.py status` says how far each stage of a half-done pipeline is, from its
+    files alone: tasks written, the saved step with its CPU-hours and time left, episodes journaled
+    (a half-written last line left out), and the LeRobot rows."""
+    import argparse
+    import json
+
+    from bench import metaworld as bm
+    from vlastack.config import load_yaml, save_yaml
+
+    monkeypatch.setattr(bm, "RESULTS", tmp_path / "metaworld.json")
+    rows = {"vlastack": {"cpu_hours": 7.5}, "lerobot_diffusion": {"mean": 0.1, "cpu_hours": 7.4}}
+    bm.RESULTS.write_text(json.dumps({"mt50": rows}))
+    data, run = tmp_path / "mt50", tmp_path / "runs" / "mt50"
+    for name in ("reach-v3", "push-v3", "window-open-v3.partial"):
+        (tmp_path / "mt50.parts" / name).mkdir(parents=True)
+    run.mkdir(parents=True)
+    save_yaml(load_yaml("metaworld_mt50"), run / "config.yaml")  # 48,000 steps at batch 32
+    (run / "checkpoints").mkdir()
+    (run / "checkpoints" / "latest").write_text("step_0012000")
+    (run / "metrics.jsonl").write_text(json.dumps({"step": 12000, "train/samples_per_s": 128.0}) + "\n")
+    (run / bm.LEDGER).write_text(json.dumps([{"cpu_s": 3600.0}, {"cpu_s": 1800.0}]))
+    (run / "eval").mkdir()
+    ep = [json.dumps({"result": {"episode": i, "success": i % 2 == 0}}) for i in range(3)]
+    (run / "eval" / "eval.partial.jsonl").write_text(
+        "\n".join(['{"fingerprint": "x"}', *ep, '{"resu']) + "\n"
+    )
+    lr = tmp_path / "runs" / "mt50.lerobot_act"
+    lr.mkdir()
+    (lr / "cpu_ledger.json").write_text(json.dumps([{"cpu_s": 7200.0}]))
+
+    bm.cmd_status(argparse.Namespace(suite="mt50", data=str(data), run=str(run), episodes_per_task=10,
+                                     row="vlastack", lerobot="act,diffusion"))  # fmt: skip
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split() == ["data", "2", "of", "50", "tasks", "written,", "then", "the", "merge"]
+    # 36,000 steps x 32 samples at 128 samples/s = 2.5 h
+    assert "step 12000 of 48000 saved, 1.50 CPU-h so far, ~2.5 h left" in lines[1]
+    assert "3 of 500 episodes journaled, 2 successes so far" in lines[2]
+    assert "training: 2.00 of 7.50 CPU-h spent" in lines[3] and lines[3].startswith("lerobot_act ")
+    assert "done: mean 10.0%, 7.40 CPU-h" in lines[4]
