@@ -265,15 +265,8 @@ def cmd_status(args: argparse.Namespace) -> None:
         say("data", f"done: {info['total_episodes']} episodes, {info['total_frames']} frames in {data}")
     else:
         parts = data.with_name(data.name + ".parts")
-        done = (
-            [p for p in parts.glob("*") if p.is_dir() and not p.name.endswith(".partial")]
-            if parts.is_dir()
-            else []
-        )
-        say(
-            "data",
-            f"{len(done)} of {n_tasks} tasks written, then the merge" if parts.is_dir() else "not started",
-        )
+        done = [p for p in parts.glob("*") if p.is_dir() and not p.name.endswith(".partial")]
+        say("data", f"{len(done)} of {n_tasks} tasks written, then the merge" if done else "not started")
     ledger = json.loads((run / LEDGER).read_text()) if (run / LEDGER).is_file() else []
     cpu_h = sum(r["cpu_s"] for r in ledger) / 3600
     if training_done(run):
