@@ -179,10 +179,15 @@ def wall_ms(fn: Callable[[], object], inner: int = 1) -> float:
 
 
 def compare(
-    fns: dict[str, Callable[[], object]], reps: int = 7, inner: int = 1, clock: str = "thread"
+    fns: dict[str, Callable[[], object]],
+    reps: int = 7,
+    inner: int = 1,
+    clock: str = "thread",
+    stat: Callable[[list[float]], float] = statistics.median,
 ) -> dict[str, float]:
-    """Median ms per call of each function, measured interleaved in rotating order (A B C, B C A, ...)
-    after one warm-up round, so load changes on the shared machine hit all of them alike."""
+    """Median (or ``stat``) ms per call of each function, measured interleaved in rotating order
+    (A B C, B C A, ...) after one warm-up round, so load changes on the shared machine hit all of
+    them alike."""
     timer = thread_ms if clock == "thread" else wall_ms
     names = list(fns)
     for name in names:  # warm-up (allocator, lazy init, caches)
@@ -191,7 +196,7 @@ def compare(
     for r in range(reps):
         for name in names[r % len(names) :] + names[: r % len(names)]:
             samples[name].append(timer(fns[name], inner))
-    return {n: statistics.median(s) for n, s in samples.items()}
+    return {n: stat(s) for n, s in samples.items()}
 
 
 # ---------------------------------------------------------------------------------------- memory
