@@ -53,10 +53,13 @@ def access_order_in_c(ctx: Ctx) -> Finding:
     row_idx = torch.arange(n * n)
     col_idx = row_idx.view(n, n).t().reshape(-1)  # walk down columns: stride n
     dst = torch.empty(n, n)
-    reps = ctx.n(5, 3)
-    g = compare({"row": lambda: flat[row_idx], "col": lambda: flat[col_idx]}, reps=reps)
-    c = compare({"copy": lambda: dst.copy_(x), "copy_T": lambda: dst.copy_(x.t())}, reps=reps)
-    s = compare({"sum": lambda: x.sum(), "sum_T": lambda: x.t().sum()}, reps=reps)
+    # The fastest of 5 runs: memory bandwidth is shared with whatever else runs (the test suite's
+    # other worker), which slows the streaming row order more than the latency-bound column order;
+    # once, the median of 3 read the gather at 1.3x under such load.
+    reps = 5
+    g = compare({"row": lambda: flat[row_idx], "col": lambda: flat[col_idx]}, reps=reps, stat=min)
+    c = compare({"copy": lambda: dst.copy_(x), "copy_T": lambda: dst.copy_(x.t())}, reps=reps, stat=min)
+    s = compare({"sum": lambda: x.sum(), "sum_T": lambda: x.t().sum()}, reps=reps, stat=min)
     gather, copy, summ = g["col"] / g["row"], c["copy_T"] / c["copy"], s["sum_T"] / s["sum"]
     rows = [
         {"op (4096^2 fp32)": "gather, row order", "ms": g["row"]},
