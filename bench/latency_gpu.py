@@ -56,7 +56,7 @@ from vlastack.infer.policy import Policy  # noqa: E402
 from vlastack.models import build_model  # noqa: E402
 
 PEAK_BF16 = {"H100": 989e12, "H200": 989e12, "A100": 312e12, "4090": 165e12}
-PARTS = ("infer", "train", "lerobot", "compile", "lerobot-compile")
+PARTS = ("infer", "train", "recipe24", "lerobot", "compile", "lerobot-compile")
 PRESET_CAMERAS = {
     "pi0": ("base_0_rgb", "left_wrist_0_rgb", "right_wrist_0_rgb"),
     "pi05": ("base_0_rgb", "left_wrist_0_rgb"),
@@ -404,6 +404,56 @@ def bench_training(res: Results, args, budget: Budget) -> None:
         guarded(res, f"{sec}/{kind}", lambda kind=kind: run(kind))
 
 
+def bench_recipe_24gb(res: Results, args, budget: Budget) -> None:
+    """``--preset pi05 --config pi05_lora_24gb`` as the trainer builds it (frozen vision, LoRA r=16,
+    activation checkpointing, bf16 autocast, fused AdamW): the real peak and samples/s at each of
+    ``--recipe-batches``, beside ``vla plan --target cuda``'s prediction (docs/gpu.md: 17.51 GiB at
+    micro-batch 16, 30 the largest under 22 GiB)."""
+    from vlastack.nn.lora import apply_lora
+    from vlastack.train.optim import build_optimizer, freeze_parts
+    from vlastack.train.parallel import apply_activation_checkpointing
+    from vlastack.train.step import train_step
+
+    dev = torch.device(args.device)
+    cfg = load_config("tiny" if args.smoke else "pi05", "pi05_lora_24gb")
+    if args.smoke:
+        cfg = replace(cfg, model=model_config("pi05", True))
+    t = cfg.train
+    precision = "bf16" if dev.type == "cuda" else "fp32"
+    sec = "train/pi05_lora_24gb"
+    torch.manual_seed(0)
+    model = build_model(cfg.model, device=dev).train()
+    freeze_parts(model, t)
+    apply_lora(model, t.lora_targets, t.lora_rank, t.lora_alpha, t.lora_dropout)
+    freeze_parts(model, t)  # as the trainer: the frozen vision tower's adapters stay frozen
+    apply_activation_checkpointing(model)
+    opt = build_optimizer(model, t)
+    weights = sum(p.numel() * p.element_size() for p in model.parameters())
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    for b in args.recipe_batches:
+        if budget.left() < 40:
+            res.skip(f"{sec}/b{b}", f"budget: {budget.left():.0f} s left")
+            continue
+
+        def one(b=b) -> None:
+            batch = dummy_batch(cfg.model, b, train=True, seed=0, device=dev)
+            step = lambda: train_step(model, opt, [batch], device_type=dev.type, precision=precision)  # noqa: E731
+            if dev.type == "cuda":
+                torch.cuda.reset_peak_memory_stats(dev)
+            row = {"batch": b, "precision": precision, "weights_gib": round(weights / 2**30, 2)}
+            row["trainable_params"] = trainable
+            row.update(timed(step, dev, args.train_steps, warmup=1))
+            row["samples_per_s"] = round(b * 1e3 / row["p50_ms"], 2)
+            if dev.type == "cuda":
+                row["peak_gib"] = round(torch.cuda.max_memory_allocated(dev) / 2**30, 2)
+                row["reserved_gib"] = round(torch.cuda.max_memory_reserved(dev) / 2**30, 2)
+            res.put(sec, f"b{b}", row)
+            log(f"recipe24 b{b}: {row}")
+
+        guarded(res, f"{sec}/b{b}", one)
+        opt.zero_grad(set_to_none=True)
+
+
 # ----------------------------------------------------------------------------- LeRobot
 
 
@@ -482,6 +532,7 @@ def main() -> None:
         "--compile-batches", default="1", help="batches for the compiled variant (one compile each)"
     )
     ap.add_argument("--train-batches", default="32,24,16,8", help="tried in order until one fits")
+    ap.add_argument("--recipe-batches", default="16,30", help="micro-batches of pi05_lora_24gb")
     ap.add_argument("--repeats", type=int, default=20)
     ap.add_argument("--train-steps", type=int, default=5)
     ap.add_argument(
@@ -504,11 +555,13 @@ def main() -> None:
     args.batches = [int(b) for b in args.batches.split(",")]
     args.train_batches = [int(b) for b in args.train_batches.split(",")]
     args.compile_batches = [int(b) for b in args.compile_batches.split(",")]
+    args.recipe_batches = [int(b) for b in args.recipe_batches.split(",")]
     parts = ["lerobot"] if args.lerobot else args.parts.split(",")
     if bad := set(parts) - set(PARTS):
         raise SystemExit(f"unknown parts {sorted(bad)}; choose from {PARTS}")
     if args.smoke:
         args.batches, args.train_batches, args.compile_batches = [1, 2], [2], [1]
+        args.recipe_batches = [2]
         args.repeats, args.train_steps = min(args.repeats, 3), min(args.train_steps, 2)
         torch.set_num_threads(min(2, torch.get_num_threads()))
     default = RESULTS / ("latency_gpu_smoke.json" if args.smoke else "latency_cuda.json")
@@ -533,6 +586,8 @@ def main() -> None:
                 )
         elif part == "train":
             bench_training(res, args, budget)
+        elif part == "recipe24":
+            guarded(res, "train/pi05_lora_24gb", lambda: bench_recipe_24gb(res, args, budget))
         else:
             bench_lerobot(res, args, budget, compile=part == "lerobot-compile")
     res.data["wall_s"] = round(time.perf_counter() - T0, 1)
