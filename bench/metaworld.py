@@ -36,6 +36,7 @@ import datetime
 import json
 import os
 import resource
+import statistics
 import subprocess
 import sys
 import time
@@ -281,7 +282,9 @@ def cmd_status(args: argparse.Namespace) -> None:
         metrics = (
             (run / "metrics.jsonl").read_text().splitlines() if (run / "metrics.jsonl").is_file() else []
         )
-        pace = [r["train/samples_per_s"] for r in map(json.loads, metrics) if "train/samples_per_s" in r][-1:]
+        # the median of the last 5 logged windows: one window slowed by another job misled the estimate
+        pace = [r["train/samples_per_s"] for r in map(json.loads, metrics) if "train/samples_per_s" in r][-5:]
+        pace = [statistics.median(pace)] if pace else []
         left = f", ~{(cfg.train.steps - step) * cfg.train.batch_size / pace[0] / 3600:.1f} h left at " \
             f"{pace[0]:.0f} samples/s" if pace else ""  # fmt: skip
         say("train", f"step {step} of {cfg.train.steps} saved, {cpu_h:.2f} CPU-h so far{left}")

@@ -75,7 +75,11 @@ def _worker(rank: int, port: int, out: str, backend: str) -> None:
         res["bucket_elements"] = buckets
         full = _model()
         n_full = sum(p.numel() for p in full.parameters())
-        fsdp = fully_shard(_model())
+        # An explicit CPU mesh: left to itself FSDP2 builds its mesh on the machine's accelerator, so
+        # on a GPU host both gloo ranks would shard onto cuda:0 (the H200 run's failed ranks).
+        from torch.distributed.device_mesh import init_device_mesh
+
+        fsdp = fully_shard(_model(), mesh=init_device_mesh("cpu", (WORLD,)))
         local = sum(p.to_local().numel() for p in fsdp.parameters())
         opt = torch.optim.AdamW(fsdp.parameters(), lr=1e-3)
         nn.functional.mse_loss(fsdp(xs), ys).backward()
@@ -97,7 +101,10 @@ def _run_ranks(backend: str) -> list[dict]:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    ctx = mp.get_context("spawn" if backend == "nccl" else "fork")  # fork: no second torch import on CPU
+    # fork: no second torch import. Not after CUDA or its autograd threads started in this process
+    # (the GPU labs run first in one `vla lab run`): a forked child then fails in backward.
+    fork = backend != "nccl" and not torch.cuda.is_initialized()
+    ctx = mp.get_context("fork" if fork else "spawn")
     with tempfile.TemporaryDirectory() as out:
         procs = [ctx.Process(target=_worker, args=(r, port, out, backend)) for r in range(WORLD)]
         for p in procs:
@@ -150,13 +157,19 @@ def ddp_and_fsdp_on_gloo(ctx: Ctx) -> Finding:
 
 @LAB.check("S0-18")
 def data_parallel_on_cpu(ctx: Ctx) -> Finding:
-    m = _model()
+    # DataParallel takes every visible GPU whatever the module's device: on a GPU machine the
+    # module and its input must sit on the first one (with one GPU it then just calls the module).
+    gpus = list(range(torch.cuda.device_count()))
+    dev = torch.device("cuda", 0) if gpus else torch.device("cpu")
+    m = _model().to(dev)
     dp = nn.DataParallel(m)
     x, _ = _data()
+    x = x.to(dev)
     same = torch.equal(dp(x), m(x))
+    where = f"{len(gpus)} GPU(s)" if gpus else "without GPUs"
     return Finding(
-        f"nn.DataParallel without GPUs: device_ids {dp.device_ids}, output identical to the module {same}",
-        dp.device_ids == [] and same,
+        f"nn.DataParallel {where}: device_ids {dp.device_ids}, output identical to the module {same}",
+        dp.device_ids == gpus and same,
         "On CPU DataParallel just calls the module. With GPUs it is one process with a thread per device, "
         "scattering inputs and gathering outputs on device 0 every step (hence the imbalance the note "
         "describes); DDP is the recommended path. The GPU comparison needs 2 CUDA devices.",
