@@ -75,8 +75,8 @@ def _worker(rank: int, port: int, out: str, backend: str) -> None:
         res["bucket_elements"] = buckets
         full = _model()
         n_full = sum(p.numel() for p in full.parameters())
-        # An explicit CPU mesh: left to itself FSDP2 builds its mesh on the machine's accelerator, so
-        # on a GPU host both gloo ranks would shard onto cuda:0 (the H200 run's failed ranks).
+        # An explicit CPU mesh: left to itself FSDP2 builds a CUDA mesh whenever CUDA is available
+        # (torch's _init_default_fully_shard_mesh), and both gloo ranks would shard onto cuda:0.
         from torch.distributed.device_mesh import init_device_mesh
 
         fsdp = fully_shard(_model(), mesh=init_device_mesh("cpu", (WORLD,)))
