@@ -1,6 +1,8 @@
-"""Issue #23 on one GPU, in one command: Pi0/Pi0.5 inference latency (eager, fast path, CUDA graph,
-compiled + graph), a breakdown and kernel counts, memory, training MFU and LoRA samples/s, and
-LeRobot's PI0Policy/PI05Policy side by side. Writes bench/results/latency_cuda.json (merged per
+"""Issues #23/#40 on one GPU, in one command: Pi0/Pi0.5 inference latency (eager, fast path, CUDA
+graph, compiled + graph), a breakdown and kernel counts, memory, training MFU and LoRA samples/s,
+the pi05_lora_24gb recipe's real peak (``recipe24``), ``vla serve --fast`` against ``Policy.infer``
+with the real openpi client and real-time chunking on the fast policy (``serve``), and LeRobot's
+PI0Policy/PI05Policy side by side. Writes bench/results/latency_cuda.json (merged per
 part, saved after every figure, so a run cut short keeps what it measured).
 
     python3 bench/latency_gpu.py                          # GPU: every part, in priority order, <= --budget-s
@@ -34,8 +36,10 @@ import datetime
 import gc
 import json
 import os
+import shutil
 import subprocess
 import sys
+import threading
 import time
 import traceback
 from collections.abc import Callable
@@ -56,7 +60,7 @@ from vlastack.infer.policy import Policy  # noqa: E402
 from vlastack.models import build_model  # noqa: E402
 
 PEAK_BF16 = {"H100": 989e12, "H200": 989e12, "A100": 312e12, "4090": 165e12}
-PARTS = ("infer", "train", "recipe24", "lerobot", "compile", "lerobot-compile")
+PARTS = ("infer", "train", "recipe24", "serve", "lerobot", "compile", "lerobot-compile")
 PRESET_CAMERAS = {
     "pi0": ("base_0_rgb", "left_wrist_0_rgb", "right_wrist_0_rgb"),
     "pi05": ("base_0_rgb", "left_wrist_0_rgb"),
@@ -454,6 +458,113 @@ def bench_recipe_24gb(res: Results, args, budget: Budget) -> None:
         opt.zero_grad(set_to_none=True)
 
 
+def serve_env() -> dict:
+    """websockets and openpi-client for ``vla serve`` and its client: the GPU image has neither, so
+    their wheels (scripts/gpu_wheels.sh) are installed with no index into /tmp/serve-site, put on
+    this process's path and the server's PYTHONPATH. -> the server's environment."""
+    env = dict(os.environ)
+    try:
+        import openpi_client.websocket_client_policy  # noqa: F401
+        import websockets  # noqa: F401
+
+        return env
+    except ImportError:
+        pass
+    site = Path("/tmp/serve-site")
+    wheels = [w for w in (ROOT / ".gpu_wheels").glob("*.whl") if w.name.startswith(("websockets", "openpi"))]
+    if len(wheels) < 2:
+        raise RuntimeError(
+            "websockets/openpi-client wheels missing in .gpu_wheels: run scripts/gpu_wheels.sh"
+        )
+    cmd = [sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--target", str(site)]
+    subprocess.run([*cmd, *map(str, wheels)], check=True, capture_output=True)
+    sys.path.insert(0, str(site))
+    env["PYTHONPATH"] = os.pathsep.join([str(site), str(ROOT), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    return env
+
+
+def bench_serve(res: Results, args, budget: Budget) -> None:
+    """``vla serve --fast`` (compiled, bf16, one CUDA graph) answering the real openpi client on
+    loopback, against ``Policy.infer`` on the same folder in this process: the server's overhead
+    (target <= 1 ms). pi0, 3 cameras, batch 1; the server runs first, then the in-process policy."""
+    import tempfile
+
+    dev, cuda = args.device, args.device == "cuda"
+    env = serve_env()
+    from openpi_client.websocket_client_policy import WebsocketClientPolicy
+
+    sec = "serve/pi0"
+    cfg = model_config("pi0", args.smoke)
+    folder = Path(tempfile.mkdtemp(prefix="vla-serve-"))
+    torch.manual_seed(0)
+    model = build_model(cfg, device=dev)
+    if cuda:
+        model.to(torch.bfloat16)  # half the bytes to write; the fast path stores bf16 weights anyway
+    model.save_pretrained(folder)
+    del model
+    gc.collect()
+    if cuda:
+        torch.cuda.empty_cache()
+    obs = observations(cfg, 1)[0]
+    flags = ["--fast", "--max-batch", "1", "--device", dev]
+    flags += ["--dtype", "bf16", "--compile"] if cuda else []
+    cmd = [sys.executable, "-m", "vlastack.cli", "serve", "--policy", str(folder), "--port", "0"]
+    proc = subprocess.Popen([*cmd, "--http-port", "-1", *flags], stderr=subprocess.PIPE, text=True, env=env)
+    row: dict = {"flags": " ".join(flags)}
+    try:
+        port, deadline = None, time.time() + min(300, budget.left())
+        while port is None and time.time() < deadline:
+            line = proc.stderr.readline()
+            if "serving ws://" in line:
+                port = int(line.split("ws://127.0.0.1:")[1].split()[0])
+            elif not line and proc.poll() is not None:
+                break
+        if port is None:
+            raise RuntimeError(f"vla serve did not start (exit {proc.poll()})")
+        threading.Thread(target=proc.stderr.read, daemon=True).start()  # keep the pipe drained
+        client = WebsocketClientPolicy("127.0.0.1", port)
+        t0 = time.perf_counter()
+        client.infer(obs)  # compile + capture in the server
+        row["server_warmup_s"] = round(time.perf_counter() - t0, 2)
+        client.infer(obs)
+        ms, server_ms = [], []
+        for _ in range(args.repeats):
+            t0 = time.perf_counter()
+            out = client.infer(obs)
+            ms.append((time.perf_counter() - t0) * 1e3)
+            server_ms.append(out["server_timing"]["infer_ms"])
+        row.update(serve_p50_ms=round(percentile(ms, 50), 3), serve_p90_ms=round(percentile(ms, 90), 3))
+        row["server_infer_p50_ms"] = round(percentile(server_ms, 50), 3)
+    finally:
+        proc.terminate()
+        proc.wait(30)
+    policy = Policy.from_pretrained(
+        folder, device=dev, fast=True, compile=cuda, dtype="bf16" if cuda else None, seed=0
+    )
+    row["policy_warmup_s"] = first_call_s(lambda: policy.infer(obs), torch.device(dev))
+    row.update(
+        {
+            f"policy_{k}": v
+            for k, v in timed(lambda: policy.infer(obs), torch.device(dev), args.repeats).items()
+        }
+    )
+    row["overhead_ms"] = round(row["serve_p50_ms"] - row["policy_p50_ms"], 3)
+    res.put(sec, "b1", row)
+    # Real-time chunking on the fast policy: these samplers run the generic (eager, uncaptured)
+    # path of the prepared model, RTC-guided with a VJP per step (docs/rtc.md)
+    prefix = np.zeros((cfg.action_horizon // 2, policy.action_dim), np.float32)
+    for method in ("rtc_training", "rtc_inference", "bid"):
+        if budget.left() < 30:
+            break
+        req = {**obs, "action_prefix": prefix, "inference_delay": 4, "rtc_method": method}
+        row[f"policy_{method}_p50_ms"] = timed(lambda r=req: policy.infer(r), torch.device(dev), 5, 1)[
+            "p50_ms"
+        ]
+        res.put(sec, "b1", row)
+    log(f"serve: {row}")
+    shutil.rmtree(folder, ignore_errors=True)
+
+
 # ----------------------------------------------------------------------------- LeRobot
 
 
@@ -586,6 +697,8 @@ def main() -> None:
                 )
         elif part == "train":
             bench_training(res, args, budget)
+        elif part == "serve":
+            guarded(res, "serve/pi0", lambda: bench_serve(res, args, budget))
         elif part == "recipe24":
             guarded(res, "train/pi05_lora_24gb", lambda: bench_recipe_24gb(res, args, budget))
         else:

@@ -10,6 +10,8 @@
 # else it imports (numpy, huggingface_hub, safetensors, einops, opencv, pillow, scipy, requests, ...)
 # is in the image. The set is checked by installing it with --no-index into a fresh venv beside a
 # CPU torch (see docs/gpu.md); it must stay well under the 64 MiB a device call carries.
+# websockets and openpi-client: `vla serve` and the real openpi client for --parts serve (the image has
+# neither; bench/latency_gpu.py installs just those two for its own process).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DEST=.gpu_wheels
@@ -19,6 +21,6 @@ PLAT=(--platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platfo
 "$PY" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
   "${PLAT[@]}" -d "$DEST" \
   lerobot==0.6.1 transformers==5.5.4 tokenizers==0.22.2 draccus==0.11.6 mergedeep==1.3.4 toml==0.10.2 \
-  gymnasium==1.4.0 farama-notifications==0.0.6 termcolor==3.3.0
+  gymnasium==1.4.0 farama-notifications==0.0.6 termcolor==3.3.0 websockets==17.4 openpi-client==0.1.2
 ls -l "$DEST"
 du -sh "$DEST"

@@ -180,6 +180,35 @@ def test_policy_fast_matches_policy(variant):
     assert fast.infer(obs[0])["actions"].shape == (cfg.action_horizon, fast.action_dim)
 
 
+@pytest.mark.parametrize("variant", ["pi0", "pi05"])
+def test_policy_fast_runs_real_time_chunking(variant):
+    """RTC's guided and prefix sampling and BID are not the fixed Euler schedule: on a prepared
+    pi0.5 model they need the adaptive norms' own dense layers (``generic_time``), not the step
+    tables (they raised an AssertionError before). Same noise and seed -> the same actions."""
+    ref = _model(variant)
+    slow, fast = Policy(ref, seed=3), Policy(copy.deepcopy(ref), fast=True, seed=3)
+    cfg, rng = ref.cfg, np.random.default_rng(0)
+    h = cfg.action_horizon
+    obs = {
+        "images": {c: rng.integers(0, 256, (64, 64, 3), dtype=np.uint8) for c in cfg.camera_names},
+        "state": rng.normal(size=cfg.state_dim).astype(np.float32),
+        "prompt": "pick",
+        "action_prefix": rng.normal(size=(h // 2, cfg.action_dim)).astype(np.float32),
+        "inference_delay": 2,
+    }
+    methods = ["rtc_inference", "bid"] + (["rtc_training"] if variant == "pi0" else [])
+    for method in methods:
+        o = dict(obs, rtc_method=method)
+        want, got = slow.infer(o)["actions"], fast.infer(o)["actions"]
+        np.testing.assert_allclose(got, want, atol=1e-4, rtol=1e-4, err_msg=method)
+    # the tables are back: the fast sampler still matches after the generic calls
+    plain = {k: v for k, v in obs.items() if k not in ("action_prefix", "inference_delay")}
+    checked, noise = [slow.check(plain)], _noise(cfg, 1)
+    np.testing.assert_allclose(
+        fast.infer_checked(checked, noise), slow.infer_checked(checked, noise), atol=ATOL, rtol=ATOL
+    )
+
+
 def test_policy_fast_refuses_token_head():
     cfg = load_config("tiny", overrides=["model.head=tokens"]).model
     with pytest.raises(ValueError, match="flow head"):

@@ -11,6 +11,7 @@ import urllib.request
 
 import numpy as np
 import pytest
+import torch
 from openpi_client import msgpack_numpy
 from openpi_client.websocket_client_policy import WebsocketClientPolicy
 
@@ -271,3 +272,29 @@ def test_one_pixel_and_state_validator_on_every_path(server, policy_dir):
            "shape": list(huge64["state"].shape)}  # fmt: skip
     status, raw = _http(server, "/act", json.dumps({**body, "state": b64}).encode())
     assert status == 400 and b"'state'" in raw and b"weights" not in raw, raw
+
+
+@pytest.mark.parametrize("variant", ["pi0", "pi05"])
+def test_fast_server_serves_plain_and_real_time_chunking(tmp_path, variant):
+    """``vla serve --fast``: plain and RTC requests through the real openpi client answer as the
+    unprepared policy does (same seed, same request order); pi0.5's RTC needs the adaptive norms'
+    own dense layers back (``fastpath.generic_time``)."""
+    from tests.infer.conftest import make_normalizer, micro_config
+    from vlastack.config import apply_overrides, tiny
+    from vlastack.models import build_model
+
+    cfg = micro_config() if variant == "pi0" else apply_overrides(tiny(), [
+        "model.variant=pi05", "model.vision.depth=1", "model.vlm.depth=1", "model.expert.depth=1",
+        "model.num_denoise_steps=2", "model.max_text_len=128"]).model  # fmt: skip
+    torch.manual_seed(0)
+    build_model(cfg).save_pretrained(tmp_path)
+    make_normalizer().save(tmp_path / "norm_stats.json")
+    ref = Policy.from_pretrained(tmp_path, seed=0)
+    srv = PolicyServer(Policy.from_pretrained(tmp_path, seed=0, fast=True), port=0, max_batch=1)
+    prefix = np.linspace(0, 1, 8 * ACTION_DIM, dtype=np.float32).reshape(8, ACTION_DIM)
+    reqs = [make_obs(0), {**make_obs(1), "action_prefix": prefix, "inference_delay": 2}, make_obs(2)]
+    with ServerThread(srv) as s:
+        client = WebsocketClientPolicy("127.0.0.1", s.port)
+        for i, req in enumerate(reqs):
+            got, want = client.infer(req)["actions"], ref.infer(req)["actions"]
+            np.testing.assert_allclose(got, want, atol=1e-4, rtol=1e-4, err_msg=f"request {i}")

@@ -26,6 +26,7 @@ def _serve(args: argparse.Namespace) -> int:
         device=args.device,
         compile=args.compile,
         dtype=args.dtype,
+        fast=args.fast,
         ema=args.ema,
         decoding=decoding,
         guidance=args.guidance,
@@ -78,7 +79,16 @@ def register(sub, groups) -> None:
         help="seconds a SIGTERM waits for in-flight requests before closing (default 10)",
     )
     p.add_argument("--compile", action="store_true", help="torch.compile the sampler")
-    p.add_argument("--dtype", default=None, choices=["fp32", "bf16"], help="bf16 = autocast")
+    p.add_argument(
+        "--dtype", default=None, choices=["fp32", "bf16"], help="bf16 = autocast (with --fast: bf16 weights)"
+    )
+    p.add_argument(
+        "--fast",
+        action="store_true",
+        help="flow heads: the inference fast path (fused projections, folded norms, time tables; on "
+        "CUDA the whole sampler in one CUDA graph, captured on the first request of each batch size; "
+        "with --compile compiled before the capture). docs/gpu.md",
+    )
     p.add_argument(
         "--decode",
         action="append",

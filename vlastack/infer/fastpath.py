@@ -18,8 +18,9 @@ are unchanged, the model's submodules are swapped for inference ones):
   schedule, so the time branch becomes a table computed once in fp32: pi0's sinusoid + time MLP
   input half -> a bias row per step; pi0.5's sinusoid + time MLP + every adaptive norm's dense
   layer -> one modulation row per step and norm, selected by a one-hot step vector (an exact
-  matrix product). After this step the model samples only through ``fast_velocity``/``StaticSampler``
-  (``model.sample`` of a pi0.5 model would feed the tables a time vector).
+  matrix product). The adaptive norms' own dense layers are kept beside the tables: samplers off
+  the fixed schedule (real-time chunking's guided and prefix sampling, bidirectional decoding) run
+  the model's generic path inside ``generic_time(model)``, which swaps them back in.
 - weights cast to ``dtype`` (stored, not autocast over fp32); the time tables stay fp32 (rule:
   norms and time embeddings in fp32).
 
@@ -28,6 +29,8 @@ Refuses LoRA-wrapped linears (merge them first: ``nn.lora.merge_lora`` + ``remov
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -196,11 +199,42 @@ class TimeTables(nn.Module):
     that select each adaptive norm's precomputed modulation row.
     """
 
-    def __init__(self, num_steps: int, rows: Tensor, act_in: nn.Linear | None) -> None:
+    def __init__(
+        self, num_steps: int, rows: Tensor, act_in: nn.Linear | None, dense: list[nn.Linear] | None = None
+    ) -> None:
         super().__init__()
         self.num_steps = num_steps
         self.register_buffer("rows", rows, persistent=False)
         self.act_in = act_in
+        # pi0.5: each adaptive norm's original dense layer, in the decoder's module order, for
+        # ``generic_time`` (the norms hold the step tables)
+        self.dense = None if dense is None else nn.ModuleList(dense)
+
+
+def _ada_norms(model: nn.Module) -> list[AdaRMSNorm]:
+    return [m for m in model.decoder.modules() if isinstance(m, AdaRMSNorm)]
+
+
+@contextmanager
+def generic_time(model: nn.Module) -> Iterator[nn.Module]:
+    """Within this context a prepared pi0.5 model's adaptive norms hold their original dense
+    layers again (time vector [B, We] in, not a one-hot step), so ``model.sample``-style samplers
+    that are not the fixed Euler schedule work on it; the step tables return on exit (a captured
+    CUDA graph keeps pointing at them). A no-op for pi0, token heads and unprepared models. The
+    caller serialises access (``Policy`` holds its lock)."""
+    tables = getattr(model, PREPARED_ATTR, None)
+    if tables is None or tables.dense is None:
+        yield model
+        return
+    norms = _ada_norms(model)
+    steps = [n.dense for n in norms]
+    for n, d in zip(norms, tables.dense, strict=True):
+        n.dense = d
+    try:
+        yield model
+    finally:
+        for n, d in zip(norms, steps, strict=True):
+            n.dense = d
 
 
 def schedule(num_steps: int) -> list[float]:
@@ -229,13 +263,14 @@ def precompute_time(model: nn.Module, num_steps: int | None = None) -> nn.Module
 
     if c.adarms:
         cond = F.silu(lin(head.time_mlp_out, F.silu(lin(head.time_mlp_in, temb))))  # [n, We]
-        for norm in model.decoder.modules():
-            if isinstance(norm, AdaRMSNorm):
-                table = lin(norm.dense, cond)  # [n, 3D]: scale, shift, gate per step
-                dense = nn.Linear(n, table.shape[1], device=dev, dtype=torch.float32)
-                dense.weight.copy_(table.t()), dense.bias.zero_()
-                norm.dense = dense.requires_grad_(False)
-        tables = TimeTables(n, torch.eye(n, device=dev), None)
+        originals = []
+        for norm in _ada_norms(model):
+            table = lin(norm.dense, cond)  # [n, 3D]: scale, shift, gate per step
+            dense = nn.Linear(n, table.shape[1], device=dev, dtype=torch.float32)
+            dense.weight.copy_(table.t()), dense.bias.zero_()
+            originals.append(norm.dense.requires_grad_(False))
+            norm.dense = dense.requires_grad_(False)
+        tables = TimeTables(n, torch.eye(n, device=dev), None, originals)
     else:
         w = c.expert.width
         m = _plain(head.action_time_mlp_in, "action_time_mlp_in")  # input: cat([action, time])
@@ -248,7 +283,9 @@ def precompute_time(model: nn.Module, num_steps: int | None = None) -> nn.Module
 
 
 def _cast_keep_tables(model: nn.Module, dtype: torch.dtype) -> None:
-    """Weights to ``dtype``; adaptive norm tables (pi0.5) stay fp32 (they are norm modulations)."""
+    """Weights to ``dtype``; adaptive norm tables (pi0.5) stay fp32 (they are norm modulations).
+    The norms' original dense layers (``generic_time``) are cast: AdaRMSNorm computes in fp32
+    anyway, and they are ~3% of pi0.5's weights."""
     keep = [m.dense for m in model.modules() if isinstance(m, AdaRMSNorm)]
     saved = [(d, d.weight.data, d.bias.data) for d in keep]
     model.to(dtype)

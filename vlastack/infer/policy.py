@@ -184,6 +184,15 @@ class Policy:
         prepare_for_inference(self.model, torch.bfloat16 if self.bf16 else torch.float32)
         return FastFlow(self.model, graph=True, compile=compile)
 
+    def _generic_time(self) -> Any:
+        """The context real-time chunking and BID sample in: with ``fast=True`` a pi0.5 model's
+        adaptive norms hold step tables for the fixed schedule; these samplers need its time path."""
+        if self._fast is None:
+            return contextlib.nullcontext()
+        from vlastack.infer.fastpath import generic_time
+
+        return generic_time(self.model)
+
     @property
     def action_representation(self) -> str:
         """What the actions mean: ``delta``, ``absolute`` (``model.action_representation``, recorded
@@ -397,7 +406,7 @@ class Policy:
             weights[i] = prefix_weights(h, d, n)[:, None] * dims[None]
             delays[i] = d
         batch = self._batch(obs_list)
-        with self.lock:
+        with self.lock, self._generic_time():
             target, weights = target.to(self.device), weights.to(self.device)
             if methods == {"bid"}:  # draws the noise of its K candidates itself
                 out = self._bid(batch, target, weights)
