@@ -39,7 +39,6 @@ import os
 import shutil
 import subprocess
 import sys
-import threading
 import time
 import traceback
 from collections.abc import Callable
@@ -53,6 +52,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.common import RESULTS, environment, percentile  # noqa: E402
+from bench.serve import start_server  # noqa: E402
 from vlastack.batch import dummy_batch  # noqa: E402
 from vlastack.config import load_config  # noqa: E402
 from vlastack.infer.fastpath import StaticSampler, prepare_for_inference  # noqa: E402
@@ -458,6 +458,15 @@ def bench_recipe_24gb(res: Results, args, budget: Budget) -> None:
         opt.zero_grad(set_to_none=True)
 
 
+def install_wheels(wheels: list[Path], site: Path) -> None:
+    """Carried wheels into ``site`` with no index and no dependency resolution (the GPU image
+    reaches no registry)."""
+    cmd = [sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile"]
+    proc = subprocess.run([*cmd, "--target", str(site), *map(str, wheels)], capture_output=True, text=True)
+    if proc.returncode:
+        raise RuntimeError(f"pip install of .gpu_wheels failed: {proc.stderr.strip()[-600:]}")
+
+
 def serve_env() -> dict:
     """websockets and openpi-client for ``vla serve`` and its client: the GPU image has neither, so
     their wheels (scripts/gpu_wheels.sh) are installed with no index into /tmp/serve-site, put on
@@ -476,8 +485,7 @@ def serve_env() -> dict:
         raise RuntimeError(
             "websockets/openpi-client wheels missing in .gpu_wheels: run scripts/gpu_wheels.sh"
         )
-    cmd = [sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--target", str(site)]
-    subprocess.run([*cmd, *map(str, wheels)], check=True, capture_output=True)
+    install_wheels(wheels, site)
     sys.path.insert(0, str(site))
     env["PYTHONPATH"] = os.pathsep.join([str(site), str(ROOT), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     return env
@@ -506,22 +514,10 @@ def bench_serve(res: Results, args, budget: Budget) -> None:
     if cuda:
         torch.cuda.empty_cache()
     obs = observations(cfg, 1)[0]
-    flags = ["--fast", "--max-batch", "1", "--device", dev]
-    flags += ["--dtype", "bf16", "--compile"] if cuda else []
-    cmd = [sys.executable, "-m", "vlastack.cli", "serve", "--policy", str(folder), "--port", "0"]
-    proc = subprocess.Popen([*cmd, "--http-port", "-1", *flags], stderr=subprocess.PIPE, text=True, env=env)
+    flags = ["--fast", "--device", dev] + (["--dtype", "bf16", "--compile"] if cuda else [])
+    proc, port = start_server(folder, 1, extra=tuple(flags), env=env, timeout_s=min(300, budget.left()))
     row: dict = {"flags": " ".join(flags)}
     try:
-        port, deadline = None, time.time() + min(300, budget.left())
-        while port is None and time.time() < deadline:
-            line = proc.stderr.readline()
-            if "serving ws://" in line:
-                port = int(line.split("ws://127.0.0.1:")[1].split()[0])
-            elif not line and proc.poll() is not None:
-                break
-        if port is None:
-            raise RuntimeError(f"vla serve did not start (exit {proc.poll()})")
-        threading.Thread(target=proc.stderr.read, daemon=True).start()  # keep the pipe drained
         client = WebsocketClientPolicy("127.0.0.1", port)
         t0 = time.perf_counter()
         client.infer(obs)  # compile + capture in the server
@@ -584,11 +580,7 @@ def lerobot_env(args) -> tuple[str, dict]:
             "no wheels in .gpu_wheels: run scripts/gpu_wheels.sh where PyPI is reachable, carry it"
         )
     if not (site / "lerobot").is_dir():
-        cmd = [sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile"]
-        cmd += ["--target", str(site), *map(str, wheels)]
-        proc = subprocess.run(cmd, capture_output=True, text=True)
-        if proc.returncode:
-            raise RuntimeError(f"pip install of .gpu_wheels failed: {proc.stderr.strip()[-600:]}")
+        install_wheels(wheels, site)
     env["PYTHONPATH"] = os.pathsep.join([str(site), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     env["HF_HUB_OFFLINE"] = "1"
     return sys.executable, env

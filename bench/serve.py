@@ -35,7 +35,16 @@ from vlastack.config import load_config
 from vlastack.models import build_model
 
 
-def start_server(policy: Path, max_batch: int, http: bool = False) -> tuple[subprocess.Popen, int]:
+def start_server(
+    policy: Path,
+    max_batch: int,
+    http: bool = False,
+    extra: tuple[str, ...] = (),
+    env: dict | None = None,
+    timeout_s: float = 120.0,
+) -> tuple[subprocess.Popen, int]:
+    """``vla serve`` on an ephemeral port in its own process (``extra``: more options, e.g.
+    ``--fast``) -> (process, websocket port), once it says it is serving."""
     cmd = [
         sys.executable,
         "-m",
@@ -49,9 +58,10 @@ def start_server(policy: Path, max_batch: int, http: bool = False) -> tuple[subp
         "0" if http else "-1",
         "--max-batch",
         str(max_batch),
+        *extra,
     ]
-    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True)
-    deadline = time.time() + 120
+    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True, env=env)
+    deadline = time.time() + timeout_s
     while time.time() < deadline:
         line = proc.stderr.readline()
         if "serving ws://" in line:
