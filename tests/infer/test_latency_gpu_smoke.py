@@ -1,5 +1,6 @@
 """bench/latency_gpu.py --smoke: the GPU bench's code paths on the CPU with tiny shapes (no figures).
-Slow: ~45 s of CPU (eager baseline, fast path, graph fallback, breakdown, profiler, training + LoRA)."""
+Slow: ~70 s of CPU (eager baseline, fast path, graph fallback, breakdown, profiler, training + LoRA,
+the pi05_lora_24gb recipe, vla serve --fast against Policy.infer with the openpi client)."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ def test_latency_gpu_smoke(tmp_path):
         str(ROOT / "bench" / "latency_gpu.py"),
         "--smoke",
         "--parts",
-        "infer,train",
+        "infer,train,recipe24,serve",
     ]
     cmd += ["--repeats", "1", "--train-steps", "1", "--out", str(out)]
     subprocess.run(cmd, check=True, cwd=ROOT, timeout=600)
@@ -35,4 +36,7 @@ def test_latency_gpu_smoke(tmp_path):
         )
         assert "policy" in rows["fast-graph_b1"] and "breakdown" in rows["fast-graph_b1"]
     assert {"full", "lora"} <= set(sec["train/pi0"])
+    assert sec["train/pi05_lora_24gb"]["b2"]["samples_per_s"] > 0
+    served = sec["serve/pi0"]["b1"]
+    assert {"serve_p50_ms", "policy_p50_ms", "overhead_ms", "policy_rtc_inference_p50_ms"} <= set(served)
     assert data["skipped"] == {}
