@@ -490,6 +490,42 @@ def record(
     save(res)
 
 
+def merge_evals(paths: list[Path], out: Path) -> dict:
+    """Evaluations of one policy on disjoint seeds (e.g. seeds 1000-1004, then 1005-1009, each run
+    as its own resumable ``vla eval``) -> one eval.json as a single run over all of them would give:
+    the same per-task, group and pooled statistics. Refuses another policy, other settings or a
+    (task, seed) pair twice."""
+    from vlastack.sim.evaluate import summarize
+
+    evs = [json.loads(Path(p).read_text()) for p in paths]
+    keep = ("policy", "suite")
+    same = {k: evs[0][k] for k in keep}
+    cfg0 = {k: v for k, v in evs[0]["config"].items() if k not in ("seed", "episodes")}
+    episodes, seen = [], set()
+    for p, ev in zip(paths, evs, strict=True):
+        cfg = {k: v for k, v in ev["config"].items() if k not in ("seed", "episodes")}
+        if {k: ev[k] for k in keep} != same or cfg != cfg0:
+            raise ValueError(f"{p}: another policy or other settings than {paths[0]}; not merged")
+        for e in ev["episodes"]:
+            if (e["task"], e["seed"]) in seen:
+                raise ValueError(f"{p}: {e['task']} seed {e['seed']} is in two of the evaluations")
+            seen.add((e["task"], e["seed"]))
+            episodes.append(e)
+    tasks = tuple(evs[0]["tasks"])
+    episodes.sort(key=lambda e: (tasks.index(e["task"]), e["seed"]))
+    episodes = [{**e, "episode": i} for i, e in enumerate(episodes)]
+    res = summarize(episodes, tasks, same["policy"], same["suite"], sum(ev["wall_s"] for ev in evs))
+    per_task = {len([e for e in episodes if e["task"] == t]) for t in tasks}
+    res["config"] = {**evs[0]["config"], "seed": min(ev["config"]["seed"] for ev in evs),
+                     "episodes": per_task.pop() if len(per_task) == 1 else None}  # fmt: skip
+    res["train_seeds"] = evs[0].get("train_seeds")
+    res["merged_from"] = [str(p) for p in paths]
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(res, indent=2))
+    print(f"merged {len(episodes)} episodes of {len(paths)} evaluations into {out}")
+    return res
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -545,8 +581,13 @@ def main() -> None:
     r.add_argument("--eval-json", required=True)
     r.add_argument("--cpu-hours", type=float, default=None)
     r.add_argument("--run", default=None)
+    m = sub.add_parser("merge", help="evaluations of one policy on disjoint seeds -> one eval.json")
+    m.add_argument("evals", nargs="+", help="eval.json files")
+    m.add_argument("--out", required=True)
     args = ap.parse_args()
-    if args.cmd == "record":
+    if args.cmd == "merge":
+        merge_evals([Path(p) for p in args.evals], Path(args.out))
+    elif args.cmd == "record":
         record(
             args.suite,
             args.policy,

@@ -102,3 +102,45 @@ def test_status_reports_each_stage(tmp_path, monkeypatch, capsys):
     assert "3 of 500 episodes journaled, 2 successes so far" in lines[2]
     assert "training: 2.00 of 7.50 CPU-h spent" in lines[3] and lines[3].startswith("lerobot_act ")
     assert "done: mean 10.0%, 7.40 CPU-h" in lines[4]
+
+
+def test_merge_evals_equals_one_evaluation_over_all_seeds(tmp_path):
+    """Seeds 1000-1001 and 1002-1003 evaluated apart, merged == the statistics of one run over 1000-1003."""
+    import json
+
+    from bench.metaworld import merge_evals
+    from vlastack.sim.evaluate import summarize
+
+    tasks = ("reach-v3", "push-v3")
+    won = {("reach-v3", 1000), ("reach-v3", 1003), ("push-v3", 1001)}
+
+    def episodes(seeds):
+        eps = [{"task": t, "seed": s, "success": (t, s) in won, "steps": 50 if (t, s) in won else 500}
+               for t in tasks for s in seeds]  # fmt: skip
+        return [{**e, "episode": i} for i, e in enumerate(eps)]
+
+    def write(name, seeds):
+        res = summarize(episodes(seeds), tasks, "p", "metaworld", 10.0)
+        res["config"] = {
+            "seed": seeds[0],
+            "episodes": len(seeds),
+            "seed_scheme": "per_task",
+            "max_steps": 500,
+        }
+        (tmp_path / name).write_text(json.dumps(res))
+        return tmp_path / name
+
+    a, b = write("a.json", [1000, 1001]), write("b.json", [1002, 1003])
+    merged = merge_evals([b, a], tmp_path / "m" / "eval.json")
+    whole = summarize(episodes([1000, 1001, 1002, 1003]), tasks, "p", "metaworld", 20.0)
+    for key in ("tasks", "overall", "groups", "mean_task_success", "episodes", "wall_s"):
+        assert merged[key] == whole[key], key
+    assert merged["config"]["seed"] == 1000 and merged["config"]["episodes"] == 4
+    assert json.loads((tmp_path / "m" / "eval.json").read_text())["tasks"] == whole["tasks"]
+    with pytest.raises(ValueError, match="two of the evaluations"):
+        merge_evals([a, a], tmp_path / "x.json")
+    c = json.loads(b.read_text())
+    c["config"]["max_steps"] = 200
+    (tmp_path / "c.json").write_text(json.dumps(c))
+    with pytest.raises(ValueError, match="other settings"):
+        merge_evals([a, tmp_path / "c.json"], tmp_path / "x.json")
