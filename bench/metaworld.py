@@ -16,6 +16,8 @@
         --lerobot act,diffusion
     # where that pipeline stands: each stage done, under way (how far, CPU-hours, time left) or not started
     .venv/bin/python bench/metaworld.py status --suite mt50 --data data/mt50 --run runs/mt50 --episodes-per-task 10
+    # one policy's evaluations on disjoint seeds (each its own resumable `eval --as PART`) -> one eval.json
+    .venv/bin/python bench/metaworld.py merge runs/mt50/eval_a/eval.json runs/mt50/eval_b/eval.json --out runs/mt50/eval/eval.json
     # record a row evaluated elsewhere (e.g. a LeRobot policy scored on the same seeds)
     .venv/bin/python bench/metaworld.py record --suite mt10 --policy lerobot_act --eval-json X --cpu-hours H
 
@@ -497,14 +499,17 @@ def merge_evals(paths: list[Path], out: Path) -> dict:
     (task, seed) pair twice."""
     from vlastack.sim.evaluate import summarize
 
+    def settings(ev: dict) -> tuple:  # what must agree: all but the seeds each part ran
+        return (
+            ev["policy"],
+            ev["suite"],
+            {k: v for k, v in ev["config"].items() if k not in ("seed", "episodes")},
+        )
+
     evs = [json.loads(Path(p).read_text()) for p in paths]
-    keep = ("policy", "suite")
-    same = {k: evs[0][k] for k in keep}
-    cfg0 = {k: v for k, v in evs[0]["config"].items() if k not in ("seed", "episodes")}
     episodes, seen = [], set()
     for p, ev in zip(paths, evs, strict=True):
-        cfg = {k: v for k, v in ev["config"].items() if k not in ("seed", "episodes")}
-        if {k: ev[k] for k in keep} != same or cfg != cfg0:
+        if settings(ev) != settings(evs[0]):
             raise ValueError(f"{p}: another policy or other settings than {paths[0]}; not merged")
         for e in ev["episodes"]:
             if (e["task"], e["seed"]) in seen:
@@ -514,7 +519,7 @@ def merge_evals(paths: list[Path], out: Path) -> dict:
     tasks = tuple(evs[0]["tasks"])
     episodes.sort(key=lambda e: (tasks.index(e["task"]), e["seed"]))
     episodes = [{**e, "episode": i} for i, e in enumerate(episodes)]
-    res = summarize(episodes, tasks, same["policy"], same["suite"], sum(ev["wall_s"] for ev in evs))
+    res = summarize(episodes, tasks, evs[0]["policy"], evs[0]["suite"], sum(ev["wall_s"] for ev in evs))
     per_task = {len([e for e in episodes if e["task"] == t]) for t in tasks}
     res["config"] = {**evs[0]["config"], "seed": min(ev["config"]["seed"] for ev in evs),
                      "episodes": per_task.pop() if len(per_task) == 1 else None}  # fmt: skip
