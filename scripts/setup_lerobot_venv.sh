@@ -11,7 +11,14 @@
 #   bash scripts/setup_lerobot_venv.sh [VENV]        # default /work/lrvenv; safe to re-run
 set -euo pipefail
 VENV=${1:-/work/lrvenv}
-PY312=${PY312:-$(command -v python3.12 || echo "$HOME/.pyenv/versions/3.12.1/bin/python")}
+# A pyenv shim named python3.12 exists even where pyenv's global version is another, and fails when
+# run: take the first candidate that actually starts.
+if [ -z "${PY312:-}" ]; then
+    for c in python3.12 "$HOME"/.pyenv/versions/3.12*/bin/python; do
+        if "$c" -c 'import sys; assert sys.version_info[:2] == (3, 12)' 2>/dev/null; then PY312=$c; break; fi
+    done
+fi
+[ -n "${PY312:-}" ] || { echo "no Python 3.12 found: set PY312=/path/to/python3.12" >&2; exit 1; }
 [ -x "$VENV/bin/python" ] || "$PY312" -m venv "$VENV"
 PIP=("$VENV/bin/python" -m pip install --quiet)
 "${PIP[@]}" torch==2.13.0
