@@ -96,6 +96,9 @@ def entry_from_eval(ev: dict, suite: str, cpu_hours: float | None, train_seeds, 
         "train_config": train_config,
         "machine": machine(),
     }
+    if train_seeds:  # derived, so a re-recorded row keeps it: demos per task behind the policy
+        counts = {c for _, _, c in train_seeds.values()}
+        out["train_episodes_per_task"] = counts.pop() if len(counts) == 1 else sorted(counts)
     if suite == "mt50":
         out["groups"] = {g: s["success_rate"] for g, s in ev.get("groups", {}).items()}
         out["group_average"] = ev.get("group_average")
@@ -363,9 +366,8 @@ def lerobot_stage(suite: str, policy: str, data: Path, run: Path, row: str, epis
         if subprocess.call(cmd) != 0:
             sys.exit(1)
     info = json.loads((lr_run / "run.json").read_text())
-    record(suite, name, ev, None, info["cpu_hours"])
+    record(suite, name, ev, None, info["cpu_hours"], dataset_train_seeds(data))
     res = load()
-    res[suite][name]["train_seeds"] = dataset_train_seeds(data)
     res[suite][name]["train_config"] = {
         "trainer": f"lerobot-train ({lm.TRAIN_MODULE}), LeRobot {info['versions'].get('lerobot')}, "
         f"its own {policy} defaults except non_default",
@@ -457,10 +459,17 @@ def cmd_grounding(args: argparse.Namespace) -> None:
 
 
 def record(
-    suite: str, policy: str, eval_json: Path, run: Path | None, cpu_hours: float | None = None
+    suite: str,
+    policy: str,
+    eval_json: Path,
+    run: Path | None,
+    cpu_hours: float | None = None,
+    train_seeds: dict | None = None,
 ) -> None:
+    """Write ``suite.policy`` anew from an eval.json; ``run`` (a vlastack run) supplies the CPU
+    ledger, training seeds and config, else ``cpu_hours`` and ``train_seeds`` are given."""
     ev = json.loads(Path(eval_json).read_text())
-    train_seeds, train_config = None, None
+    train_config = None
     if run is not None:
         ledger = json.loads((run / LEDGER).read_text()) if (run / LEDGER).exists() else []
         cpu_hours = cpu_hours if cpu_hours is not None else sum(r["cpu_s"] for r in ledger) / 3600 or None

@@ -146,6 +146,7 @@ def test_pipeline_lerobot_stage_budget_and_record(tmp_path, monkeypatch):
     row = bm.load()["mt50"]["lerobot_act"]
     assert row["cpu_hours"] == 1.0 and row["mean"] == 0.5 and row["eval_seeds"] == [1000, 1001]
     assert row["train_seeds"] == {"reach-v3": [0, 3, 3], "push-v3": [0, 3, 3]}
+    assert row["train_episodes_per_task"] == 3  # derived from the seeds
     assert row["eval"]["command"] == "lerobot-eval"
     bm.lerobot_stage("mt50", "act", data, tmp_path / "mt50", "vlastack", 2)
     assert len(calls) == 2  # recorded: nothing left to run
