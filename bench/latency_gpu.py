@@ -334,7 +334,7 @@ def bench_training(res: Results, args, budget: Budget) -> None:
 
     from vlastack.nn.lora import apply_lora
     from vlastack.train.optim import build_optimizer
-    from vlastack.train.parallel import apply_activation_checkpointing
+    from vlastack.train.parallel import apply_activation_checkpointing, apply_compile
     from vlastack.train.step import train_step
 
     dev = torch.device(args.device)
@@ -355,6 +355,7 @@ def bench_training(res: Results, args, budget: Budget) -> None:
             apply_lora(model, t.lora_targets, 16, t.lora_alpha)
         apply_activation_checkpointing(model)
         opt = build_optimizer(model, full.train)
+        compiled = kind.endswith("-compile")
         batch = None
         if dev.type == "cuda":
             torch.cuda.reset_peak_memory_stats(dev)
@@ -374,14 +375,9 @@ def bench_training(res: Results, args, budget: Budget) -> None:
         if batch is None:
             raise RuntimeError(f"no batch in {args.train_batches} fits")
         b = batch["state"].shape[0]
-        step = lambda: train_step(model, opt, [batch], device_type=dev.type, precision=precision)  # noqa: E731
-        row = {"batch": b, "precision": precision, "activation_checkpointing": True}
-        row.update(timed(step, dev, args.train_steps, warmup=1))
-        row["samples_per_s"] = round(b * 1e3 / row["p50_ms"], 2)
-        if dev.type == "cuda":
-            row["peak_gib"] = round(torch.cuda.max_memory_allocated(dev) / 2**30, 2)
         # FLOPs are linear in the batch: counted on one sample and scaled. Counting the timed batch
         # itself ran out of memory on the H100 at batch >= 12 (the counter holds more than a step).
+        # Counted eagerly, before any compile: the compiled step computes the same FLOPs.
         one = dummy_batch(cfg, 1, train=True, seed=0, device=dev)
         with FlopCounterMode(display=False) as fc:
             train_step(model, opt, [one], device_type=dev.type, precision=precision)
@@ -393,6 +389,18 @@ def bench_training(res: Results, args, budget: Budget) -> None:
         ):
             model(one)  # one forward alone: what checkpointing recomputes, at most
         fwd = fc.get_total_flops() * b
+        step = lambda: train_step(model, opt, [batch], device_type=dev.type, precision=precision)  # noqa: E731
+        row = {"batch": b, "precision": precision, "activation_checkpointing": True}
+        if compiled:  # as train.compile=true does it: the whole model, fullgraph, static shapes
+            apply_compile(model)
+            row["compile"] = "fullgraph"
+            row["warmup_s"] = first_call_s(step, dev)
+        if dev.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(dev)
+        row.update(timed(step, dev, args.train_steps, warmup=1))
+        row["samples_per_s"] = round(b * 1e3 / row["p50_ms"], 2)
+        if dev.type == "cuda":
+            row["peak_gib"] = round(torch.cuda.max_memory_allocated(dev) / 2**30, 2)
         row.update(hw_flops=hw, forward_flops=fwd, model_flops=hw - fwd, flops_counted_at_batch=1)
         if dev.type == "cuda":
             row["mfu_hw"] = round(hw / (row["p50_ms"] / 1e3) / peak, 4)
@@ -401,8 +409,8 @@ def bench_training(res: Results, args, budget: Budget) -> None:
         res.put(sec, kind, row)
         log(f"train {kind}: {row}")
 
-    for kind in ("full", "lora"):
-        if budget.left() < 60:
+    for kind in args.train_kinds:
+        if budget.left() < (150 if kind.endswith("-compile") else 60):
             res.skip(f"{sec}/{kind}", f"budget: {budget.left():.0f} s left")
             continue
         guarded(res, f"{sec}/{kind}", lambda kind=kind: run(kind))
@@ -635,6 +643,11 @@ def main() -> None:
         "--compile-batches", default="1", help="batches for the compiled variant (one compile each)"
     )
     ap.add_argument("--train-batches", default="32,24,16,8", help="tried in order until one fits")
+    ap.add_argument(
+        "--train-kinds",
+        default="full,lora",
+        help="from full, lora, full-compile (train.compile=true: torch.compile of the whole model)",
+    )
     ap.add_argument("--recipe-batches", default="16,30", help="micro-batches of pi05_lora_24gb")
     ap.add_argument("--repeats", type=int, default=20)
     ap.add_argument("--train-steps", type=int, default=5)
@@ -659,6 +672,9 @@ def main() -> None:
     args.train_batches = [int(b) for b in args.train_batches.split(",")]
     args.compile_batches = [int(b) for b in args.compile_batches.split(",")]
     args.recipe_batches = [int(b) for b in args.recipe_batches.split(",")]
+    args.train_kinds = args.train_kinds.split(",")
+    if bad := set(args.train_kinds) - {"full", "lora", "full-compile"}:
+        raise SystemExit(f"unknown --train-kinds {sorted(bad)}; choose from full, lora, full-compile")
     parts = ["lerobot"] if args.lerobot else args.parts.split(",")
     if bad := set(parts) - set(PARTS):
         raise SystemExit(f"unknown parts {sorted(bad)}; choose from {PARTS}")

@@ -68,6 +68,21 @@ def test_openpi_client_round_trip(server):
     assert client.infer(make_obs(2))["actions"].shape == (16, ACTION_DIM)  # connection still usable
 
 
+def test_large_messages_decode_off_the_loop_same_answers(server, monkeypatch):
+    """Messages up to INLINE_DECODE_BYTES are decoded on the event loop, larger ones on a decoder
+    thread: both paths answer, and refuse a bad observation the same way."""
+    from vlastack.infer import server as server_mod
+
+    client = WebsocketClientPolicy("127.0.0.1", server.port, api_key=TOKEN)
+    inline = client.infer(make_obs(3))["actions"]
+    monkeypatch.setattr(server_mod, "INLINE_DECODE_BYTES", 0)  # every message off the loop
+    off = client.infer(make_obs(3))["actions"]
+    assert off.shape == inline.shape and np.isfinite(off).all()
+    with pytest.raises(RuntimeError, match="state"):
+        client.infer({"images": make_obs()["images"], "prompt": "x"})
+    assert client.infer(make_obs(2))["actions"].shape == (16, ACTION_DIM)
+
+
 def test_auth_rejected(server):
     import websockets
 

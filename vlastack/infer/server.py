@@ -17,7 +17,8 @@ requests finish, and what arrives meanwhile gets a reply (HTTP 503, websocket 50
 or an ``error: ... shutting down`` frame), not a bare close. Each open websocket is closed (1001) by
 its own handler once it has been quiet for ``drain_grace_s``: every message whose bytes arrived
 before the close frame has had its reply, so a client always knows whether to retry. Decoding and
-checking a message run off the event loop, so large uploads cannot stall the drain.
+checking a message over ``INLINE_DECODE_BYTES`` (1 MiB) run off the event loop, so large uploads
+cannot stall the drain.
 
 All observations go through one ``Batcher`` thread, which runs at most ``max_batch`` of them per
 forward pass: there is never more than one forward pass at a time. With ``token`` set, requests
@@ -62,6 +63,13 @@ except ImportError:  # pragma: no cover
     fcntl = termios = None  # type: ignore[assignment]
 
 log = logging.getLogger("vlastack.serve")
+
+
+# Messages up to this size are decoded and checked on the event loop: for pi0's three 224x224 images
+# (450 KB) that takes ~0.1-0.3 ms, and the hand-off to a decoder thread and back cost more (0.15 ms
+# less overhead inline: bench/serve_overhead.py, docs/gpu.md "What vla serve adds"). Larger uploads
+# still go to the decoder threads, so a many-megabyte message cannot stall the loop or the drain.
+INLINE_DECODE_BYTES = 2**20
 
 
 class Unavailable(RuntimeError):
@@ -356,8 +364,10 @@ class PolicyServer:
         try:
             if isinstance(msg, str):
                 raise WireError("expected a binary msgpack message, got text")
-            loop = asyncio.get_running_loop()
-            fut = await loop.run_in_executor(self._decoder, self._ws_act, msg)
+            if len(msg) <= INLINE_DECODE_BYTES:
+                fut = self._ws_act(msg)
+            else:
+                fut = await asyncio.get_running_loop().run_in_executor(self._decoder, self._ws_act, msg)
             result, timing = await asyncio.wrap_future(fut)
             await ws.send(packb(self._reply(result, timing, t0)))
             ws.answered += 1
