@@ -554,8 +554,9 @@ def bench_serve(res: Results, args, budget: Budget) -> None:
     )
     row["overhead_ms"] = round(row["serve_p50_ms"] - row["policy_p50_ms"], 3)
     res.put(sec, "b1", row)
-    # Real-time chunking on the fast policy: these samplers run the generic (eager, uncaptured)
-    # path of the prepared model, RTC-guided with a VJP per step (docs/rtc.md)
+    # Real-time chunking on the fast policy: training-time RTC (pi0) runs the static prefix
+    # sampler, one CUDA graph like plain sampling; guided RTC (a VJP per step, docs/rtc.md) and BID
+    # run the prepared model's generic path, eager and uncaptured
     prefix = np.zeros((cfg.action_horizon // 2, policy.action_dim), np.float32)
     for method in ("rtc_training", "rtc_inference", "bid"):
         if budget.left() < 30:

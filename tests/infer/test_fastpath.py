@@ -182,9 +182,10 @@ def test_policy_fast_matches_policy(variant):
 
 @pytest.mark.parametrize("variant", ["pi0", "pi05"])
 def test_policy_fast_runs_real_time_chunking(variant):
-    """RTC's guided and prefix sampling and BID are not the fixed Euler schedule: on a prepared
-    pi0.5 model they need the adaptive norms' own dense layers (``generic_time``), not the step
-    tables (they raised an AssertionError before). Same noise and seed -> the same actions."""
+    """RTC's guided sampling and BID are not the fixed Euler schedule: on a prepared pi0.5 model
+    they need the adaptive norms' own dense layers (``generic_time``), not the step tables (they
+    raised an AssertionError before). pi0's training-time RTC runs the static prefix sampler.
+    Same noise and seed -> the same actions."""
     ref = _model(variant)
     slow, fast = Policy(ref, seed=3), Policy(copy.deepcopy(ref), fast=True, seed=3)
     cfg, rng = ref.cfg, np.random.default_rng(0)
@@ -201,6 +202,8 @@ def test_policy_fast_runs_real_time_chunking(variant):
         o = dict(obs, rtc_method=method)
         want, got = slow.infer(o)["actions"], fast.infer(o)["actions"]
         np.testing.assert_allclose(got, want, atol=1e-4, rtol=1e-4, err_msg=method)
+    # pi0's training-time RTC runs the static prefix sampler (one CUDA graph on a GPU)
+    assert sorted(fast._fast.prefix_samplers) == ([1] if variant == "pi0" else [])
     # the tables are back: the fast sampler still matches after the generic calls
     plain = {k: v for k, v in obs.items() if k not in ("action_prefix", "inference_delay")}
     checked, noise = [slow.check(plain)], _noise(cfg, 1)
@@ -209,20 +212,51 @@ def test_policy_fast_runs_real_time_chunking(variant):
     )
 
 
+@torch.no_grad()
+def test_prefix_sampler_matches_prefix_sample():
+    """Training-time RTC on the prepared pi0 model (StaticSampler(prefix=True): the committed
+    steps at time 0 from ``zero_row``) equals ``prefix_sample`` on the original, per sample
+    prefix lengths (none, some, the whole chunk); the committed steps come back exactly."""
+    from vlastack.models.heads.rtc import prefix_sample
+
+    ref = _model("pi0")
+    fast = prepare_for_inference(copy.deepcopy(ref), torch.float32)
+    cfg, h = ref.cfg, ref.cfg.action_horizon
+    batch, noise = dummy_batch(cfg, 3, train=False), _noise(cfg, 3)
+    prefix = _noise(cfg, 3, seed=7)
+    n = torch.tensor([0, 3, h])
+    sampler = StaticSampler(fast, prefix=True)
+    for _ in range(2):  # the second call reuses the buffers
+        got = sampler(batch, noise, prefix, n)
+        want = prefix_sample(ref.head, ref, batch, prefix, n, noise)
+        torch.testing.assert_close(got, want, atol=ATOL, rtol=ATOL)
+    assert torch.equal(got[1, :3], prefix[1, :3]) and torch.equal(got[2], prefix[2])
+    assert not torch.allclose(got[0, :3], prefix[0, :3])
+    with pytest.raises(ValueError, match="prefix=True"):
+        sampler(batch, noise)
+    with pytest.raises(ValueError, match="prefix=True"):
+        StaticSampler(fast)(batch, noise, prefix, n)
+    with pytest.raises(ValueError, match="variant='pi0'"):
+        StaticSampler(prepare_for_inference(_model("pi05"), torch.float32), prefix=True)
+
+
 def test_policy_fast_refuses_token_head():
     cfg = load_config("tiny", overrides=["model.head=tokens"]).model
     with pytest.raises(ValueError, match="flow head"):
         Policy(build_model(cfg), fast=True)
 
 
-def test_static_sampler_compiles_whole_without_graph_breaks():
-    """The unrolled sampler traces as one graph (fullgraph=True; the eager backend: no codegen)."""
+@pytest.mark.parametrize("variant,prefix", [("pi05", False), ("pi0", True)])
+def test_static_sampler_compiles_whole_without_graph_breaks(variant, prefix):
+    """The unrolled sampler traces as one graph (fullgraph=True; the eager backend: no codegen),
+    the training-time RTC one (pi0, ``prefix=True``) too."""
     torch._dynamo.reset()
-    fast = prepare_for_inference(_model("pi05", action_horizon=4), torch.float32)
-    sampler = StaticSampler(fast)
+    fast = prepare_for_inference(_model(variant, action_horizon=4), torch.float32)
+    sampler = StaticSampler(fast, prefix=prefix)
     batch, noise = dummy_batch(fast.cfg, 1, train=False), _noise(fast.cfg, 1)
+    extra = (_noise(fast.cfg, 1, seed=5), torch.tensor([2])) if prefix else ()
     with torch.inference_mode():
-        sampler(batch, noise)
+        sampler(batch, noise, *extra)
         want = sampler.out.clone()
         t0 = time.perf_counter()
         torch.compile(sampler.run, fullgraph=True, dynamic=False, backend="eager")()
@@ -250,6 +284,28 @@ def test_cuda_graph_matches_eager(variant, compile):
             fp32 = ref.sample_actions(batch, noise=noise)
         torch.testing.assert_close(got, want, atol=2e-2, rtol=2e-2)
         assert ((got - fp32).norm() / fp32.norm()).item() < 0.05
+    assert graphed.graph is not None
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("compile", [False, True])
+def test_cuda_graph_prefix_sampler_matches_eager(compile):
+    """Training-time RTC captured in one CUDA graph (pi0) == the same static function eager."""
+    ref = _model("pi0").cuda()
+    fast = prepare_for_inference(copy.deepcopy(ref), torch.bfloat16)
+    eager, graphed = (
+        StaticSampler(fast, prefix=True),
+        StaticSampler(fast, graph=True, compile=compile, prefix=True),
+    )
+    for seed in (0, 1, 2):
+        batch = {k: v.cuda() for k, v in dummy_batch(ref.cfg, 2, train=False, seed=seed).items()}
+        noise, prefix = _noise(ref.cfg, 2, seed).cuda(), _noise(ref.cfg, 2, seed + 10).cuda()
+        n = torch.tensor([seed, 4], device="cuda")
+        with torch.inference_mode():
+            want, got = eager(batch, noise, prefix, n), graphed(batch, noise, prefix, n)
+        torch.testing.assert_close(got, want, atol=2e-2, rtol=2e-2)
+        assert torch.equal(got[1, :4], prefix[1, :4])
     assert graphed.graph is not None
 
 

@@ -18,9 +18,11 @@ are unchanged, the model's submodules are swapped for inference ones):
   schedule, so the time branch becomes a table computed once in fp32: pi0's sinusoid + time MLP
   input half -> a bias row per step; pi0.5's sinusoid + time MLP + every adaptive norm's dense
   layer -> one modulation row per step and norm, selected by a one-hot step vector (an exact
-  matrix product). The adaptive norms' own dense layers are kept beside the tables: samplers off
-  the fixed schedule (real-time chunking's guided and prefix sampling, bidirectional decoding) run
-  the model's generic path inside ``generic_time(model)``, which swaps them back in.
+  matrix product). pi0 also keeps the row of time 0, for training-time real-time chunking (the
+  committed actions are fed clean, at time 0: ``StaticSampler(prefix=True)``). The adaptive
+  norms' own dense layers are kept beside the tables: samplers off the fixed schedule (real-time
+  chunking's guided sampling, bidirectional decoding) run the model's generic path inside
+  ``generic_time(model)``, which swaps them back in.
 - weights cast to ``dtype`` (stored, not autocast over fp32); the time tables stay fp32 (rule:
   norms and time embeddings in fp32).
 
@@ -195,16 +197,23 @@ class TimeTables(nn.Module):
     """The flow time branch for a fixed Euler schedule of ``num_steps`` steps.
 
     ``rows`` [num_steps, X]: pi0: the time MLP input layer's time half plus its bias, per step
-    (X = expert width; ``act_in`` is the action half); pi0.5: one-hot step vectors (X = num_steps)
-    that select each adaptive norm's precomputed modulation row.
+    (X = expert width; ``act_in`` is the action half; ``zero_row`` [X] the same at time 0, for
+    committed actions fed clean); pi0.5: one-hot step vectors (X = num_steps) that select each
+    adaptive norm's precomputed modulation row.
     """
 
     def __init__(
-        self, num_steps: int, rows: Tensor, act_in: nn.Linear | None, dense: list[nn.Linear] | None = None
+        self,
+        num_steps: int,
+        rows: Tensor,
+        act_in: nn.Linear | None,
+        dense: list[nn.Linear] | None = None,
+        zero_row: Tensor | None = None,
     ) -> None:
         super().__init__()
         self.num_steps = num_steps
         self.register_buffer("rows", rows, persistent=False)
+        self.register_buffer("zero_row", zero_row, persistent=False)
         self.act_in = act_in
         # pi0.5: each adaptive norm's original dense layer, in the decoder's module order, for
         # ``generic_time`` (the norms hold the step tables)
@@ -274,10 +283,12 @@ def precompute_time(model: nn.Module, num_steps: int | None = None) -> nn.Module
     else:
         w = c.expert.width
         m = _plain(head.action_time_mlp_in, "action_time_mlp_in")  # input: cat([action, time])
-        bias = temb @ m.weight[:, w:].float().t() + m.bias.float()  # [n, We]
+        t0 = torch.zeros(1, device=dev)
+        temb = torch.cat([temb, sincos_time_embedding(t0, w, c.time_min_period, c.time_max_period)])
+        bias = temb @ m.weight[:, w:].float().t() + m.bias.float()  # [n + 1, We]: the steps, time 0
         act_in = nn.Linear(w, w, bias=False, device=dev, dtype=m.weight.dtype)
         act_in.weight.copy_(m.weight[:, :w])
-        tables = TimeTables(n, bias, act_in.requires_grad_(False))
+        tables = TimeTables(n, bias[:n], act_in.requires_grad_(False), zero_row=bias[n])
     model.add_module(PREPARED_ATTR, tables)
     return model
 
@@ -312,10 +323,13 @@ def prepare_for_inference(
     if isinstance(model.head, FlowHead):
         precompute_time(model, num_steps)
         rows = model.fast_time.rows
+        zero_row = model.fast_time.zero_row
     _cast_keep_tables(model, dtype)
     if isinstance(model.head, FlowHead):
         keep_fp32 = model.cfg.adarms  # one-hot selectors; pi0's bias rows are added in ``dtype``
         model.fast_time.rows = rows.float() if keep_fp32 else rows.to(dtype)
+        if zero_row is not None:
+            model.fast_time.zero_row = zero_row.to(dtype)
     return model
 
 
@@ -332,7 +346,8 @@ def fast_velocity(
     mask: Tensor,
 ) -> Tensor:
     """``FlowHead.denoise_step`` on a prepared model: ``row`` = ``model.fast_time.rows[i]`` for
-    Euler step i (the time). state [B, S(+extra)], x [B, H, A] -> v fp32 [B, H, A]."""
+    Euler step i (the time), or for pi0 a row per action token [B, H, We] (training-time RTC:
+    ``zero_row`` on committed steps). state [B, S(+extra)], x [B, H, A] -> v fp32 [B, H, A]."""
     head, tables = model.head, model.fast_time
     dtype = head.action_in_proj.weight.dtype
     act = head.action_in_proj(x.to(dtype))
@@ -360,12 +375,22 @@ class StaticSampler:
     call (after two warm-up runs on a side stream) and replay it after. ``compile``: torch.compile
     (fullgraph, default mode) the prefix pass and the Euler step apart, before capture: fused
     kernels, compiled in the time of one step, and still one graph for the whole call.
+
+    ``prefix=True`` (pi0): training-time real-time chunking, ``prefix_sample`` of
+    models/heads/rtc.py as a static function: each call also takes the committed actions
+    ``action_prefix`` fp32 [B, H, A] and their count ``prefix_len`` long [B]; they are fed clean at
+    flow time 0 (``zero_row``) and kept, the other steps follow the schedule.
     """
 
-    def __init__(self, model: nn.Module, *, graph: bool = False, compile: bool = False) -> None:
+    def __init__(
+        self, model: nn.Module, *, graph: bool = False, compile: bool = False, prefix: bool = False
+    ) -> None:
         if not hasattr(model, PREPARED_ATTR):
             raise ValueError("StaticSampler needs a model made by prepare_for_inference (flow head)")
-        self.model = model
+        if prefix and model.fast_time.zero_row is None:
+            raise ValueError("prefix=True (a flow time per action token) needs variant='pi0'")
+        self.model, self.prefix = model, prefix
+        self.action_prefix = self.committed = None
         self.head: FlowHead = model.head
         p = next(model.parameters())
         self.device, self.dtype = p.device, model.head.action_in_proj.weight.dtype
@@ -379,10 +404,10 @@ class StaticSampler:
         # Separate per-step rows (not views of one table): a compiled step sees one input layout.
         self.rows = [r.clone() for r in model.fast_time.rows]
         self._prefill = self.head.prefill
-        self._step = self.euler_step
+        self._step = self.prefix_step if prefix else self.euler_step
         if compile:
             self._prefill = torch.compile(self.head.prefill, fullgraph=True, dynamic=False)
-            self._step = torch.compile(self.euler_step, fullgraph=True, dynamic=False)
+            self._step = torch.compile(self._step, fullgraph=True, dynamic=False)
 
     @property
     def batch_size(self) -> int | None:
@@ -394,10 +419,22 @@ class StaticSampler:
         """x [B, H, A] fp32 at time t_i -> x at t_{i+1}."""
         return x + self.dt * fast_velocity(self.model, cache, state, x, row, positions, mask)
 
+    def prefix_step(
+        self, cache: StaticKVCache, state: Tensor, x: Tensor, row: Tensor, positions: Tensor, mask: Tensor
+    ) -> Tensor:
+        """``euler_step`` with the committed steps (``self.committed`` [B, H, 1]) at time 0 and
+        held at ``self.action_prefix``."""
+        keep = self.committed
+        rows = torch.where(keep, self.model.fast_time.zero_row, row)  # [B, H, We]
+        x = x + self.dt * fast_velocity(self.model, cache, state, x, rows, positions, mask)
+        return torch.where(keep, self.action_prefix, x)
+
     def run(self) -> None:
         """The static function: prefix pass into the cache, ``num_steps`` Euler steps, -> ``out``."""
         cache, positions, mask, state = self._prefill(self.model, self.inputs, self.cache)
         x = self.noise * self.model.cfg.noise_scale
+        if self.prefix:
+            x = torch.where(self.committed, self.action_prefix, x)
         for row in self.rows:
             x = self._step(cache, state, x, row, positions, mask)
         self.out.copy_(x)
@@ -408,14 +445,30 @@ class StaticSampler:
         self.noise = torch.zeros(noise.shape, dtype=torch.float32, device=dev)
         self.out = torch.zeros_like(self.noise)
         self.cache = self.head.new_cache(self.model, noise.shape[0], self.dtype, dev).mark_static()
+        statics = [*self.inputs.values(), self.noise, self.out]
+        if self.prefix:
+            self.action_prefix = torch.zeros_like(self.noise)
+            self.committed = torch.zeros((*noise.shape[:2], 1), dtype=torch.bool, device=dev)
+            statics += [self.action_prefix, self.committed]
         # Fixed addresses, so torch.compile(self.run, mode="reduce-overhead") may capture the
         # in-place writes to them (cudagraph trees refuse to for ordinary inputs).
-        for t in (*self.inputs.values(), self.noise, self.out):
+        for t in statics:
             torch._dynamo.mark_static_address(t)
 
-    def load(self, batch: dict[str, Any], noise: Tensor) -> None:
+    def load(
+        self,
+        batch: dict[str, Any],
+        noise: Tensor,
+        action_prefix: Tensor | None = None,
+        prefix_len: Tensor | None = None,
+    ) -> None:
         """Copy ``batch`` (model inputs, vlastack/batch.py) and ``noise`` [B, H, A] into the
-        static buffers (allocating them on the first call)."""
+        static buffers (allocating them on the first call); with ``prefix=True`` also the
+        committed actions ``action_prefix`` [B, H, A] and their count ``prefix_len`` [B]."""
+        if (action_prefix is not None) != self.prefix or (prefix_len is not None) != self.prefix:
+            raise ValueError(
+                "a sampler made with prefix=True takes action_prefix and prefix_len, and only that one"
+            )
         if self.inputs is None:
             self._allocate(batch, noise)
         tensors = {k: v for k, v in batch.items() if isinstance(v, Tensor)}
@@ -433,6 +486,16 @@ class StaticSampler:
                 )
             buf.copy_(v, non_blocking=True)
         self.noise.copy_(noise, non_blocking=True)
+        if self.prefix:
+            b, h = noise.shape[:2]
+            if action_prefix.shape != noise.shape or prefix_len.shape != (b,):
+                raise ValueError(
+                    f"action_prefix {tuple(action_prefix.shape)} / prefix_len {tuple(prefix_len.shape)}: "
+                    f"expected {tuple(noise.shape)} / ({b},)"
+                )
+            self.action_prefix.copy_(action_prefix, non_blocking=True)
+            steps = torch.arange(h, device=prefix_len.device)
+            self.committed.copy_((steps[None] < prefix_len[:, None])[..., None], non_blocking=True)
 
     def capture(self) -> None:
         """Warm up on a side stream (compiles, cuBLAS workspaces), then capture ``run``."""
@@ -447,9 +510,15 @@ class StaticSampler:
             self.run()
         self.graph = graph
 
-    def __call__(self, batch: dict[str, Any], noise: Tensor) -> Tensor:
+    def __call__(
+        self,
+        batch: dict[str, Any],
+        noise: Tensor,
+        action_prefix: Tensor | None = None,
+        prefix_len: Tensor | None = None,
+    ) -> Tensor:
         """-> actions fp32 [B, H, A] (a fresh tensor: the next call overwrites ``out``)."""
-        self.load(batch, noise)
+        self.load(batch, noise, action_prefix, prefix_len)
         if not self.use_graph:
             self.run()
         else:
@@ -461,14 +530,29 @@ class StaticSampler:
 
 class FastFlow:
     """One ``StaticSampler`` (and, on CUDA, one graph) per batch size, made on first use: what
-    ``Policy(fast=True)`` calls in place of ``model.sample``."""
+    ``Policy(fast=True)`` calls in place of ``model.sample``; ``prefix_sample`` the same for
+    training-time real-time chunking (pi0: ``supports_prefix``)."""
 
     def __init__(self, model: nn.Module, *, graph: bool = True, compile: bool = False) -> None:
         self.model, self.graph, self.compile = model, graph, compile
         self.samplers: dict[int, StaticSampler] = {}
+        self.prefix_samplers: dict[int, StaticSampler] = {}
+        self.supports_prefix = model.fast_time.zero_row is not None
 
     def __call__(self, batch: dict[str, Any], noise: Tensor) -> Tensor:
         b = noise.shape[0]
         if b not in self.samplers:
             self.samplers[b] = StaticSampler(self.model, graph=self.graph, compile=self.compile)
         return self.samplers[b](batch, noise)
+
+    def prefix_sample(
+        self, batch: dict[str, Any], noise: Tensor, action_prefix: Tensor, prefix_len: Tensor
+    ) -> Tensor:
+        """``models.heads.rtc.prefix_sample`` on the prepared model: committed actions
+        ``action_prefix`` [B, H, A] (first ``prefix_len`` [B] steps) fed clean. -> fp32 [B, H, A]."""
+        b = noise.shape[0]
+        if b not in self.prefix_samplers:
+            self.prefix_samplers[b] = StaticSampler(
+                self.model, graph=self.graph, compile=self.compile, prefix=True
+            )
+        return self.prefix_samplers[b](batch, noise, action_prefix, prefix_len)

@@ -414,7 +414,10 @@ class Policy:
                 if noise is None:
                     noise = torch.randn((b, h, c.action_dim), generator=self._gen, device=self.device)
                 noise = noise.to(self.device)
-                if methods == {"rtc_training"}:
+                if methods == {"rtc_training"} and self._fast is not None and self._fast.supports_prefix:
+                    with torch.inference_mode():  # prepared weights: no autocast, as plain sampling
+                        out = self._fast.prefix_sample(batch, noise, target, delays.to(self.device))
+                elif methods == {"rtc_training"}:
                     with torch.inference_mode(), self._autocast():
                         out = prefix_sample(head, self.model, batch, target, delays, noise)
                 else:
