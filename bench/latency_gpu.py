@@ -555,8 +555,8 @@ def bench_serve(res: Results, args, budget: Budget) -> None:
     row["overhead_ms"] = round(row["serve_p50_ms"] - row["policy_p50_ms"], 3)
     res.put(sec, "b1", row)
     # Real-time chunking on the fast policy: training-time RTC (pi0) runs the static prefix
-    # sampler, one CUDA graph like plain sampling; guided RTC (a VJP per step, docs/rtc.md) and BID
-    # run the prepared model's generic path, eager and uncaptured
+    # sampler and BID its K candidates through the plain one, each one CUDA graph; guided RTC (a
+    # VJP per step, docs/rtc.md) runs the prepared model's generic path, eager and uncaptured
     prefix = np.zeros((cfg.action_horizon // 2, policy.action_dim), np.float32)
     for method in ("rtc_training", "rtc_inference", "bid"):
         if budget.left() < 30:

@@ -184,8 +184,8 @@ def test_policy_fast_matches_policy(variant):
 def test_policy_fast_runs_real_time_chunking(variant):
     """RTC's guided sampling and BID are not the fixed Euler schedule: on a prepared pi0.5 model
     they need the adaptive norms' own dense layers (``generic_time``), not the step tables (they
-    raised an AssertionError before). pi0's training-time RTC runs the static prefix sampler.
-    Same noise and seed -> the same actions."""
+    raised an AssertionError before). pi0's training-time RTC runs the static prefix sampler and
+    BID's candidates the plain one. Same noise and seed -> the same actions."""
     ref = _model(variant)
     slow, fast = Policy(ref, seed=3), Policy(copy.deepcopy(ref), fast=True, seed=3)
     cfg, rng = ref.cfg, np.random.default_rng(0)
@@ -202,8 +202,10 @@ def test_policy_fast_runs_real_time_chunking(variant):
         o = dict(obs, rtc_method=method)
         want, got = slow.infer(o)["actions"], fast.infer(o)["actions"]
         np.testing.assert_allclose(got, want, atol=1e-4, rtol=1e-4, err_msg=method)
-    # pi0's training-time RTC runs the static prefix sampler (one CUDA graph on a GPU)
+    # pi0's training-time RTC runs the static prefix sampler, BID's 8 candidates the plain one at
+    # batch 8 (each one CUDA graph on a GPU)
     assert sorted(fast._fast.prefix_samplers) == ([1] if variant == "pi0" else [])
+    assert sorted(fast._fast.samplers) == [fast.bid_samples]
     # the tables are back: the fast sampler still matches after the generic calls
     plain = {k: v for k, v in obs.items() if k not in ("action_prefix", "inference_delay")}
     checked, noise = [slow.check(plain)], _noise(cfg, 1)

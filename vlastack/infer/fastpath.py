@@ -432,7 +432,7 @@ class StaticSampler:
     def run(self) -> None:
         """The static function: prefix pass into the cache, ``num_steps`` Euler steps, -> ``out``."""
         cache, positions, mask, state = self._prefill(self.model, self.inputs, self.cache)
-        x = self.noise * self.model.cfg.noise_scale
+        x = self.noise  # scaled by ``load``
         if self.prefix:
             x = torch.where(self.committed, self.action_prefix, x)
         for row in self.rows:
@@ -461,10 +461,13 @@ class StaticSampler:
         noise: Tensor,
         action_prefix: Tensor | None = None,
         prefix_len: Tensor | None = None,
+        noise_scale: float | None = None,
     ) -> None:
-        """Copy ``batch`` (model inputs, vlastack/batch.py) and ``noise`` [B, H, A] into the
-        static buffers (allocating them on the first call); with ``prefix=True`` also the
-        committed actions ``action_prefix`` [B, H, A] and their count ``prefix_len`` [B]."""
+        """Copy ``batch`` (model inputs, vlastack/batch.py) and ``noise`` [B, H, A] times
+        ``noise_scale`` (default the config's; outside the captured function, so a call may
+        change it) into the static buffers (allocating them on the first call); with
+        ``prefix=True`` also the committed actions ``action_prefix`` [B, H, A] and their count
+        ``prefix_len`` [B]."""
         if (action_prefix is not None) != self.prefix or (prefix_len is not None) != self.prefix:
             raise ValueError(
                 "a sampler made with prefix=True takes action_prefix and prefix_len, and only that one"
@@ -485,7 +488,8 @@ class StaticSampler:
                     f"{buf.dtype} {tuple(buf.shape)} (make a sampler per batch size)"
                 )
             buf.copy_(v, non_blocking=True)
-        self.noise.copy_(noise, non_blocking=True)
+        scale = self.model.cfg.noise_scale if noise_scale is None else noise_scale
+        self.noise.copy_(noise * scale, non_blocking=True)
         if self.prefix:
             b, h = noise.shape[:2]
             if action_prefix.shape != noise.shape or prefix_len.shape != (b,):
@@ -516,9 +520,10 @@ class StaticSampler:
         noise: Tensor,
         action_prefix: Tensor | None = None,
         prefix_len: Tensor | None = None,
+        noise_scale: float | None = None,
     ) -> Tensor:
         """-> actions fp32 [B, H, A] (a fresh tensor: the next call overwrites ``out``)."""
-        self.load(batch, noise, action_prefix, prefix_len)
+        self.load(batch, noise, action_prefix, prefix_len, noise_scale)
         if not self.use_graph:
             self.run()
         else:
@@ -539,11 +544,12 @@ class FastFlow:
         self.prefix_samplers: dict[int, StaticSampler] = {}
         self.supports_prefix = model.fast_time.zero_row is not None
 
-    def __call__(self, batch: dict[str, Any], noise: Tensor) -> Tensor:
+    def __call__(self, batch: dict[str, Any], noise: Tensor, noise_scale: float | None = None) -> Tensor:
+        """-> actions fp32 [B, H, A]; ``noise_scale`` (default the config's), e.g. BID's."""
         b = noise.shape[0]
         if b not in self.samplers:
             self.samplers[b] = StaticSampler(self.model, graph=self.graph, compile=self.compile)
-        return self.samplers[b](batch, noise)
+        return self.samplers[b](batch, noise, noise_scale=noise_scale)
 
     def prefix_sample(
         self, batch: dict[str, Any], noise: Tensor, action_prefix: Tensor, prefix_len: Tensor

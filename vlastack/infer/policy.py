@@ -406,7 +406,12 @@ class Policy:
             weights[i] = prefix_weights(h, d, n)[:, None] * dims[None]
             delays[i] = d
         batch = self._batch(obs_list)
-        with self.lock, self._generic_time():
+        # The fast path's static samplers (plain for BID's candidates, prefix for training-time
+        # RTC) need the step tables in place; guided sampling needs the generic time path.
+        fast = self._fast is not None and (
+            methods == {"bid"} or (methods == {"rtc_training"} and self._fast.supports_prefix)
+        )
+        with self.lock, contextlib.nullcontext() if fast else self._generic_time():
             target, weights = target.to(self.device), weights.to(self.device)
             if methods == {"bid"}:  # draws the noise of its K candidates itself
                 out = self._bid(batch, target, weights)
@@ -414,7 +419,7 @@ class Policy:
                 if noise is None:
                     noise = torch.randn((b, h, c.action_dim), generator=self._gen, device=self.device)
                 noise = noise.to(self.device)
-                if methods == {"rtc_training"} and self._fast is not None and self._fast.supports_prefix:
+                if methods == {"rtc_training"} and fast:
                     with torch.inference_mode():  # prepared weights: no autocast, as plain sampling
                         out = self._fast.prefix_sample(batch, noise, target, delays.to(self.device))
                 elif methods == {"rtc_training"}:
@@ -442,13 +447,18 @@ class Policy:
         closest to the executing chunk's leftover (``target``, normalized [B, H, A], weighted by ``weights``:
         the committed steps 1, then decaying, as RTC's guidance weighs them) is kept. Its forward
         contrast (against a weaker checkpoint's samples) is not used: it needs a second policy.
-        -> normalized actions [B, H, A]. Caller holds the lock."""
+        -> normalized actions [B, H, A]. Caller holds the lock (and, with ``fast=True``, keeps the
+        step tables in place: the candidates are plain samples)."""
         k, b = self.bid_samples, target.shape[0]
         many = {key: v.repeat_interleave(k, 0) for key, v in batch.items()}
         noise = torch.randn((b * k, *target.shape[1:]), generator=self._gen, device=self.device)
-        with torch.inference_mode(), self._autocast():
-            cand = self.model.sample_actions(many, noise=noise, noise_scale=self.bid_noise_scale)
-            cand = cand.float().view(b, k, *target.shape[1:])
+        if self._fast is not None:  # one static sampler (one CUDA graph) for the K x B batch
+            with torch.inference_mode():
+                cand = self._fast(many, noise, noise_scale=self.bid_noise_scale)
+        else:
+            with torch.inference_mode(), self._autocast():
+                cand = self.model.sample_actions(many, noise=noise, noise_scale=self.bid_noise_scale)
+        cand = cand.float().view(b, k, *target.shape[1:])
         dist = ((cand - target[:, None]) ** 2 * weights[:, None]).sum(dim=(2, 3))  # [B, K]
         return cand[torch.arange(b, device=cand.device), dist.argmin(dim=1)]
 
