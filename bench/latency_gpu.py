@@ -350,7 +350,7 @@ def bench_training(res: Results, args, budget: Budget) -> None:
     def run(kind: str) -> None:
         torch.manual_seed(0)
         model = build_model(cfg, device=dev).train()
-        if kind == "lora":
+        if kind.startswith("lora"):
             t = full.train
             apply_lora(model, t.lora_targets, 16, t.lora_alpha)
         apply_activation_checkpointing(model)
@@ -647,7 +647,7 @@ def main() -> None:
     ap.add_argument(
         "--train-kinds",
         default="full,lora",
-        help="from full, lora, full-compile (train.compile=true: torch.compile of the whole model)",
+        help="from full, lora, full-compile, lora-compile (-compile: train.compile=true, the whole model)",
     )
     ap.add_argument("--recipe-batches", default="16,30", help="micro-batches of pi05_lora_24gb")
     ap.add_argument("--repeats", type=int, default=20)
@@ -674,8 +674,8 @@ def main() -> None:
     args.compile_batches = [int(b) for b in args.compile_batches.split(",")]
     args.recipe_batches = [int(b) for b in args.recipe_batches.split(",")]
     args.train_kinds = args.train_kinds.split(",")
-    if bad := set(args.train_kinds) - {"full", "lora", "full-compile"}:
-        raise SystemExit(f"unknown --train-kinds {sorted(bad)}; choose from full, lora, full-compile")
+    if bad := set(args.train_kinds) - {"full", "lora", "full-compile", "lora-compile"}:
+        raise SystemExit(f"unknown --train-kinds {sorted(bad)}; choose from full, lora and their -compile")
     parts = ["lerobot"] if args.lerobot else args.parts.split(",")
     if bad := set(parts) - set(PARTS):
         raise SystemExit(f"unknown parts {sorted(bad)}; choose from {PARTS}")
