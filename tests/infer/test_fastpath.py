@@ -242,6 +242,33 @@ def test_prefix_sampler_matches_prefix_sample():
         StaticSampler(prepare_for_inference(_model("pi05"), torch.float32), prefix=True)
 
 
+@pytest.mark.parametrize("variant", ["pi0", "pi05"])
+def test_policy_warmup_builds_every_sampler_and_keeps_the_draws(variant):
+    """``Policy.warmup`` (``vla serve --warmup``) runs each sampling method once, so the fast
+    path's samplers exist (compiled and captured on a GPU) before the first request, and restores
+    the generator: a warmed-up policy answers what a fresh one with the same seed does."""
+    ref = _model(variant)
+    warm, fresh = Policy(copy.deepcopy(ref), fast=True, seed=5), Policy(copy.deepcopy(ref), fast=True, seed=5)
+    took = warm.warmup()
+    want = (
+        ["plain", "rtc_inference", "rtc_training", "bid"]
+        if variant == "pi0"
+        else ["plain", "rtc_inference", "bid"]
+    )
+    assert list(took) == want and all(t >= 0 for t in took.values())
+    assert sorted(warm._fast.samplers) == [1, warm.bid_samples]
+    assert sorted(warm._fast.prefix_samplers) == ([1] if variant == "pi0" else [])
+    cfg, rng = ref.cfg, np.random.default_rng(0)
+    obs = {
+        "images": {c: rng.integers(0, 256, (64, 64, 3), dtype=np.uint8) for c in cfg.camera_names},
+        "state": rng.normal(size=cfg.state_dim).astype(np.float32),
+        "prompt": "pick",
+    }
+    np.testing.assert_allclose(warm.infer(obs)["actions"], fresh.infer(obs)["actions"], atol=ATOL, rtol=ATOL)
+    with pytest.raises(ValueError, match="cannot warm up"):
+        warm.warmup(("plain", "rtc_training") if variant == "pi05" else "sideways")
+
+
 def test_policy_fast_refuses_token_head():
     cfg = load_config("tiny", overrides=["model.head=tokens"]).model
     with pytest.raises(ValueError, match="flow head"):

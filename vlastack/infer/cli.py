@@ -32,6 +32,10 @@ def _serve(args: argparse.Namespace) -> int:
         guidance=args.guidance,
         guidance_max=args.guidance_max,
     )
+    if args.warmup:  # before listening: the first client gets a warm policy
+        log = logging.getLogger("vlastack.serve")
+        log.info("warming up (compile and capture each sampler once)...")
+        log.info("warm-up seconds per sampling method: %s", policy.warmup("all"))
     server = PolicyServer(
         policy,
         host=args.host,
@@ -88,6 +92,13 @@ def register(sub, groups) -> None:
         help="flow heads: the inference fast path (fused projections, folded norms, time tables; on "
         "CUDA the whole sampler in one CUDA graph, captured on the first request of each batch size; "
         "with --compile compiled before the capture). docs/gpu.md",
+    )
+    p.add_argument(
+        "--warmup",
+        action="store_true",
+        help="answer a made-up observation with every sampling method (plain, the RTC ones) before "
+        "listening, so no client waits for a compile or a graph capture (with --fast --compile on a "
+        "GPU: about a minute each)",
     )
     p.add_argument(
         "--decode",

@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
+import time
 import warnings
 from pathlib import Path
 from typing import Any
@@ -498,6 +499,43 @@ class Policy:
         """One observation -> ``{"actions": float32 [H, A_env]}`` in env units (+ ``"valid"``
         for token heads)."""
         return self.infer_results([self.check(obs)])[0]
+
+    def warmup(self, methods: str | tuple[str, ...] = "all") -> dict[str, float]:
+        """Answer one made-up observation per sampling method, so that the first real request
+        does not pay the compile and the CUDA-graph capture (``fast``/``compile``: a minute on a
+        GPU for each sampler). ``methods``: ``"plain"``, ``"rtc_inference"``, ``"rtc_training"``,
+        ``"bid"``, or ``"all"`` = plain and every RTC method this policy answers (training-time RTC
+        needs pi0). Batch 1 (BID: its K candidates); a server's micro-batches of another size still
+        compile on first use. The sampling generator is restored after, so a warmed-up policy
+        draws what a fresh one does. -> seconds per method."""
+        c = self.cfg
+        rtc = ["rtc_inference", "rtc_training", "bid"] if c.head_spec.denoise else []
+        if c.adarms:  # a flow time per action token needs pi0
+            rtc = [m for m in rtc if m != "rtc_training"]
+        names = (
+            ["plain", *rtc] if methods == "all" else [methods] if isinstance(methods, str) else list(methods)
+        )
+        if bad := [m for m in names if m not in ("plain", *rtc)]:
+            raise ValueError(f"warmup: this policy cannot warm up {bad}; it answers plain and {rtc}")
+        s = c.vision.image_size
+        obs: dict[str, Any] = {
+            "images": {cam: np.zeros((s, s, 3), np.uint8) for cam in c.camera_names},
+            "state": np.zeros(self.state_dim, np.float32),
+            "prompt": self.spec.default_prompt or "warm up",
+        }
+        prefix = np.zeros((c.action_horizon // 2, self.action_dim), np.float32)
+        state, out = self._gen.get_state(), {}
+        try:
+            for m in names:
+                extra = (
+                    {} if m == "plain" else {"action_prefix": prefix, "inference_delay": 1, "rtc_method": m}
+                )
+                t0 = time.perf_counter()
+                self.infer({**obs, **extra})
+                out[m] = round(time.perf_counter() - t0, 2)
+        finally:
+            self._gen.set_state(state)
+        return out
 
     def infer_batch(self, obs_list: list[dict]) -> list[dict[str, np.ndarray]]:
         """Several observations in one forward pass (micro-batching) -> one result dict each."""
