@@ -294,6 +294,26 @@ def test_static_sampler_compiles_whole_without_graph_breaks(variant, prefix):
     torch._dynamo.reset()
 
 
+def test_compiled_samplers_for_many_batch_sizes_do_not_hit_the_recompile_limit(monkeypatch):
+    """Each batch size is one more compiled variant of the same step and prefill; with fullgraph
+    dynamo refuses the one past its recompile limit (8 by default) with an error. A compiling
+    sampler raises the limit (here from 2, with dynamo's eager backend to keep it quick)."""
+    import torch._dynamo
+
+    real_compile = torch.compile
+    monkeypatch.setattr(torch, "compile", lambda fn, **kw: real_compile(fn, **{**kw, "backend": "eager"}))
+    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 2)
+    torch._dynamo.reset()
+    fast = prepare_for_inference(_model("pi0", action_horizon=4), torch.float32)
+    with torch.inference_mode():
+        for b in (1, 2, 3):
+            batch, noise = dummy_batch(fast.cfg, b, train=False), _noise(fast.cfg, b)
+            got = StaticSampler(fast, compile=True)(batch, noise)
+            torch.testing.assert_close(got, StaticSampler(fast)(batch, noise), atol=ATOL, rtol=ATOL)
+    assert torch._dynamo.config.recompile_limit >= 64
+    torch._dynamo.reset()
+
+
 # ----------------------------------------------------------------------------- GPU
 
 

@@ -364,6 +364,22 @@ def fast_velocity(
     return head.action_out_proj(out.expert[:, head.n_state :]).float()
 
 
+# Each batch size (a server micro-batches 1..max_batch; BID samples K x B) and each sampler kind
+# (plain, prefix) is one more compiled variant of the same code (the step, the head's prefill).
+# Dynamo allows 8 per code object, and with fullgraph=True the 9th raises FailOnRecompileLimitHit
+# instead of running: a server would fail requests from its 9th shape on (tested).
+COMPILED_VARIANTS = 64
+
+
+def allow_recompiles(n: int = COMPILED_VARIANTS) -> None:
+    """Raise dynamo's per-code-object recompile limit to at least ``n`` (process-wide: the limit
+    is global: ``recompile_limit``, named ``cache_size_limit`` in older torch)."""
+    cfg = torch._dynamo.config
+    for name in ("recompile_limit", "cache_size_limit"):
+        if hasattr(cfg, name) and getattr(cfg, name) < n:
+            setattr(cfg, name, n)
+
+
 class StaticSampler:
     """The whole flow sampler over static buffers: ``run()`` reads ``inputs`` and ``noise`` and
     writes ``out``, with fixed shapes, no host syncs and no data-dependent Python control flow, so
@@ -406,6 +422,7 @@ class StaticSampler:
         self._prefill = self.head.prefill
         self._step = self.prefix_step if prefix else self.euler_step
         if compile:
+            allow_recompiles()
             self._prefill = torch.compile(self.head.prefill, fullgraph=True, dynamic=False)
             self._step = torch.compile(self._step, fullgraph=True, dynamic=False)
 

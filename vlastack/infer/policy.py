@@ -166,6 +166,9 @@ class Policy:
             # The per-step parts (flow: prefix pass + denoise step; tokens: the decode step), not
             # the unrolled sampler: a graph 1/N the size, so it compiles ~N times faster.
             if self.cfg.head_spec.compile_decoding:
+                from vlastack.infer.fastpath import allow_recompiles
+
+                allow_recompiles()  # one compiled variant per batch size: see fastpath.COMPILED_VARIANTS
                 model.head.compile_decoding()
             else:  # never a silent no-op
                 warnings.warn(
