@@ -556,7 +556,12 @@ def finish(run: Path, args: argparse.Namespace, vers: dict, plan: dict, ledger: 
         "non_default": non_default,
         "lerobot_train_config": read_json(cfg_file),
         "segments": [
-            {k: r[k] for k in ("started", "wall_s", "cpu_s", "rc", "stopped_at_budget")} for r in ledger
+            # .get: a segment whose supervisor died left a row without the last two
+            {
+                k: r.get(k)
+                for k in ("started", "wall_s", "cpu_s", "rc", "stopped_at_budget", "supervisor_died")
+            }
+            for r in ledger
         ],
         "machine": machine(),
     }

@@ -351,7 +351,8 @@ def lerobot_stage(suite: str, policy: str, data: Path, run: Path, row: str, epis
     lr_run = run.with_name(f"{run.name}.{name}")
     script = [sys.executable, str(HERE / "lerobot_metaworld.py")]
     settings = LEROBOT_SETTINGS[policy]
-    if not lm.train_finished(lr_run):
+    # (a finished run without run.json, e.g. its last segment's write failed: train writes it)
+    if not lm.train_finished(lr_run) or not (lr_run / lm.RUN_INFO).is_file():
         cmd = [*script, "train", "--policy", policy, "--data", str(data), "--repo-id", f"local/{suite}",
                "--run", str(lr_run), "--cpu-hours", f"{ours['cpu_hours']:.4f}", *settings["train"]]  # fmt: skip
         print("$", " ".join(cmd), flush=True)
