@@ -302,15 +302,16 @@ def test_compiled_samplers_for_many_batch_sizes_do_not_hit_the_recompile_limit(m
 
     real_compile = torch.compile
     monkeypatch.setattr(torch, "compile", lambda fn, **kw: real_compile(fn, **{**kw, "backend": "eager"}))
-    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 2)
     torch._dynamo.reset()
     fast = prepare_for_inference(_model("pi0", action_horizon=4), torch.float32)
-    with torch.inference_mode():
+    # config.patch, not monkeypatch: the config module keeps its values outside __dict__, and
+    # monkeypatch's undo deleted the entry (a later torch.export then failed)
+    with torch._dynamo.config.patch(recompile_limit=2), torch.inference_mode():
         for b in (1, 2, 3):
             batch, noise = dummy_batch(fast.cfg, b, train=False), _noise(fast.cfg, b)
             got = StaticSampler(fast, compile=True)(batch, noise)
             torch.testing.assert_close(got, StaticSampler(fast)(batch, noise), atol=ATOL, rtol=ATOL)
-    assert torch._dynamo.config.recompile_limit >= 64
+        assert torch._dynamo.config.recompile_limit >= 64
     torch._dynamo.reset()
 
 

@@ -375,9 +375,10 @@ def allow_recompiles(n: int = COMPILED_VARIANTS) -> None:
     """Raise dynamo's per-code-object recompile limit to at least ``n`` (process-wide: the limit
     is global: ``recompile_limit``, named ``cache_size_limit`` in older torch)."""
     cfg = torch._dynamo.config
-    for name in ("recompile_limit", "cache_size_limit"):
-        if hasattr(cfg, name) and getattr(cfg, name) < n:
-            setattr(cfg, name, n)
+    # the first name that exists (``cache_size_limit`` is an alias where both do)
+    name = next(k for k in ("recompile_limit", "cache_size_limit") if hasattr(cfg, k))
+    if getattr(cfg, name) < n:
+        setattr(cfg, name, n)
 
 
 class StaticSampler:
