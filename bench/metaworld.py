@@ -102,7 +102,21 @@ def entry_from_eval(ev: dict, suite: str, cpu_hours: float | None, train_seeds, 
     if suite == "mt50":
         out["groups"] = {g: s["success_rate"] for g, s in ev.get("groups", {}).items()}
         out["group_average"] = ev.get("group_average")
+        if not out["groups"]:  # lerobot-eval's converted eval.json has none: the tasks' groups
+            out["groups"], out["group_average"] = groups_of(out["per_task"])
     return out
+
+
+def groups_of(per_task: dict[str, float]) -> tuple[dict[str, float], float]:
+    """MT50 difficulty groups from per-task success (equal episodes per task, so the mean over a
+    group's tasks is its pooled rate) -> (groups, their average)."""
+    from vlastack.sim.metaworld_tasks import group_of
+
+    by: dict[str, list[float]] = {}
+    for t, r in per_task.items():
+        by.setdefault(group_of(t), []).append(r)
+    groups = {g: sum(v) / len(v) for g, v in by.items()}
+    return groups, sum(groups.values()) / len(groups)
 
 
 def cmd_expert(args: argparse.Namespace) -> None:
