@@ -150,3 +150,55 @@ def test_pipeline_lerobot_stage_budget_and_record(tmp_path, monkeypatch):
     assert row["eval"]["command"] == "lerobot-eval"
     bm.lerobot_stage("mt50", "act", data, tmp_path / "mt50", "vlastack", 2)
     assert len(calls) == 2  # recorded: nothing left to run
+
+
+def test_finish_survives_a_segment_whose_supervisor_died(tmp_path, monkeypatch):
+    """A ledger row written before its supervisor died lacks ``rc``/``stopped_at_budget``:
+    run.json is still written, with those fields None."""
+    import argparse
+
+    from bench import lerobot_metaworld as lm
+
+    monkeypatch.setattr(lm, "machine", lambda: {"cpu": "test"})
+    run = tmp_path / "run"
+    plan = {"policy": "act", "data": str(tmp_path / "mt50"), "steps": 4, "save_freq": 1,
+            "cpu_hours_budget": 1.0, "resize": None, "extra": []}  # fmt: skip
+    ledger = [
+        {"argv": ["lerobot-train", "--steps=4"], "started": "t0", "wall_s": 5.0, "cpu_s": 1800.0, "rc": 0,
+         "stopped_at_budget": False},
+        {"argv": ["lerobot-train", "--resume=true"], "started": "t1", "wall_s": 3.0, "cpu_s": 1800.0},
+    ]  # fmt: skip
+    lm.finish(run, argparse.Namespace(), {"lerobot": "0.6.1"}, plan, ledger)
+    info = json.loads((run / lm.RUN_INFO).read_text())
+    assert info["cpu_hours"] == 1.0 and info["step_reached"] is None
+    assert info["segments"][1] == {"started": "t1", "wall_s": 3.0, "cpu_s": 1800.0, "rc": None,
+                                   "stopped_at_budget": None, "supervisor_died": None}  # fmt: skip
+    assert len(info["commands"]) == 2
+
+
+def test_pipeline_reruns_train_for_a_finished_run_without_run_json(tmp_path, monkeypatch):
+    """Training finished (budget spent) but run.json was never written (the supervisor died after
+    the last segment): the pipeline calls ``train`` again, which only writes run.json."""
+    from bench import lerobot_metaworld as lm
+    from bench import metaworld as bm
+
+    monkeypatch.setattr(bm, "RESULTS", tmp_path / "metaworld.json")
+    bm.save({"mt10": {"vlastack": {"cpu_hours": 1.0}}})
+    lr_run = tmp_path / "mt10.lerobot_act"
+    lm.write_json(lr_run / lm.PLAN, {"steps": 10, "cpu_hours_budget": 1.0})
+    lm.write_json(lr_run / lm.LEDGER, [{"cpu_s": 3600.0, "stopped_at_budget": True}])
+    lm.write_json(lr_run / lm.OUT / lm.LAST / "training_state" / "training_step.json", {"step": 6})
+    assert lm.train_finished(lr_run) and not (lr_run / lm.RUN_INFO).exists()
+    calls = []
+
+    def call(cmd):
+        calls.append(cmd[2])
+        if cmd[2] == "train":
+            lm.write_json(lr_run / lm.RUN_INFO, {"cpu_hours": 1.0})
+        return 0
+
+    monkeypatch.setattr(bm.subprocess, "call", call)
+    monkeypatch.setattr(bm, "record", lambda *a, **k: sys.exit("recorded"))
+    with pytest.raises(SystemExit, match="recorded"):
+        bm.lerobot_stage("mt10", "act", tmp_path / "mt10", tmp_path / "mt10", "vlastack", 1)
+    assert calls == ["train", "eval"]
