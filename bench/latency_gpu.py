@@ -17,7 +17,10 @@ and its 200-token prompt; 224x224 images, chunk 50, 10 Euler steps, batch 1/4/16
 - ``fast-eager``: ``prepare_for_inference`` (bf16 weights, fused QKV/gate-up, folded norms, time
   tables) and ``StaticSampler`` without capture;
 - ``fast-graph``: the same function captured in one CUDA graph (prefix pass + all steps);
-- ``fast-compile-graph``: prefix pass and Euler step torch.compiled (inductor), then captured.
+- ``fast-compile-graph``: prefix pass and Euler step torch.compiled (inductor), then captured;
+- ``fast-compile-autotune-graph`` (``--compile-modes default,max-autotune-no-cudagraphs``): the
+  same in inductor's ``max-autotune-no-cudagraphs`` mode (GEMM configs benchmarked for the step's
+  50-row matmuls; a longer warm-up).
 
 ``model_p50_ms`` is the sampler alone on device-resident inputs; ``policy_p50_ms`` is
 ``Policy.infer`` end to end (numpy obs in, actions out, tokenization and normalization included).
@@ -60,6 +63,8 @@ from vlastack.infer.policy import Policy  # noqa: E402
 from vlastack.models import build_model  # noqa: E402
 
 PEAK_BF16 = {"H100": 989e12, "H200": 989e12, "A100": 312e12, "4090": 165e12}
+# the row each torch.compile mode's figures go under (fastpath.COMPILE_MODES)
+COMPILE_ROWS = {"default": "fast-compile-graph", "max-autotune-no-cudagraphs": "fast-compile-autotune-graph"}
 PARTS = ("infer", "train", "recipe24", "serve", "lerobot", "compile", "lerobot-compile")
 PRESET_CAMERAS = {
     "pi0": ("base_0_rgb", "left_wrist_0_rgb", "right_wrist_0_rgb"),
@@ -264,10 +269,12 @@ def bench_inference(res: Results, preset: str, args, budget: Budget, compile_onl
     res.put(sec, "prepare_s", round(time.perf_counter() - t0, 2))
     weights = sum(t.numel() * t.element_size() for t in [*model.parameters(), *model.buffers()])
     res.put(sec, "weights_gib", round(weights / 2**30, 3))
-    modes = ["fast-compile-graph"] if compile_only else ["fast-eager", "fast-graph"]
+    # one row name per torch.compile mode: fast-compile-graph (default), fast-compile-autotune-graph
+    compiled = {COMPILE_ROWS[m]: m for m in args.compile_modes}
+    modes = list(compiled) if compile_only else ["fast-eager", "fast-graph"]
     for mode in modes:
-        compile = mode == "fast-compile-graph"
-        for b in {"fast-eager": [1], "fast-compile-graph": args.compile_batches}.get(mode, args.batches):
+        compile = mode in compiled
+        for b in args.compile_batches if compile else {"fast-eager": [1]}.get(mode, args.batches):
             if budget.left() < (150 if compile else 20):
                 res.skip(f"{sec}/{mode}_b{b}", f"budget: {budget.left():.0f} s left")
                 continue
@@ -275,7 +282,10 @@ def bench_inference(res: Results, preset: str, args, budget: Budget, compile_onl
             def run_mode(mode=mode, b=b, compile=compile) -> None:
                 if compile:
                     torch._dynamo.reset()
-                sampler = StaticSampler(model, graph=mode != "fast-eager", compile=compile)
+                cmode = compiled.get(mode)
+                sampler = StaticSampler(
+                    model, graph=mode != "fast-eager", compile=compile, compile_mode=cmode
+                )
                 call = lambda: sampler(batches[b], noises[b])  # noqa: E731
                 with torch.inference_mode():
                     if dev.type == "cuda":
@@ -288,13 +298,17 @@ def bench_inference(res: Results, preset: str, args, budget: Budget, compile_onl
                         row["peak_over_weights_gib"] = round(row["peak_gib"] - weights / 2**30, 3)
                     if b == 1:
                         if mode != "fast-graph":  # a graph replays the same kernels as the function
-                            plain = StaticSampler(model, compile=compile) if compile else sampler
+                            plain = (
+                                StaticSampler(model, compile=compile, compile_mode=cmode)
+                                if compile
+                                else sampler
+                            )
                             plain._prefill, plain._step = sampler._prefill, sampler._step
                             row["kernels"] = kernel_count(lambda: plain(batches[1], noises[1]), dev)
                         row["breakdown"] = breakdown(sampler, dev, reps)
                         if mode != "fast-eager":
                             try:  # a failure here must not lose the model's figures above
-                                row["policy"] = policy_latency(model, cfg, dev, reps, compile)
+                                row["policy"] = policy_latency(model, cfg, dev, reps, compile, cmode)
                                 host = row["policy"]["p50_ms"] - row["p50_ms"]
                                 row["policy"]["host_ms"] = round(host, 3)
                             except Exception as e:  # recorded; the bench goes on
@@ -308,10 +322,14 @@ def bench_inference(res: Results, preset: str, args, budget: Budget, compile_onl
         torch._dynamo.reset()
 
 
-def policy_latency(model, cfg, dev: torch.device, reps: int, compile: bool) -> dict:
+def policy_latency(
+    model, cfg, dev: torch.device, reps: int, compile: bool, compile_mode: str | None = None
+) -> dict:
     """``Policy.infer`` end to end at batch 1 on an already prepared model."""
     dtype = "bf16" if dev.type == "cuda" else None
-    policy = Policy(model, device=dev, dtype=dtype, fast=True, compile=compile, seed=0)
+    policy = Policy(
+        model, device=dev, dtype=dtype, fast=True, compile=compile, seed=0, compile_mode=compile_mode
+    )
     obs = observations(cfg, 1)[0]
     out = {"warmup_s": first_call_s(lambda: policy.infer(obs), dev)}
     out.update(timed(lambda: policy.infer(obs), dev, reps))
@@ -645,6 +663,11 @@ def main() -> None:
     ap.add_argument(
         "--compile-batches", default="1", help="batches for the compiled variant (one compile each)"
     )
+    ap.add_argument(
+        "--compile-modes",
+        default="default",
+        help=f"torch.compile modes of the compile part, in order, each its own row: {', '.join(COMPILE_ROWS)}",
+    )
     ap.add_argument("--train-batches", default="32,24,16,8", help="tried in order until one fits")
     ap.add_argument(
         "--train-kinds",
@@ -676,6 +699,9 @@ def main() -> None:
     args.compile_batches = [int(b) for b in args.compile_batches.split(",")]
     args.recipe_batches = [int(b) for b in args.recipe_batches.split(",")]
     args.train_kinds = args.train_kinds.split(",")
+    args.compile_modes = args.compile_modes.split(",")
+    if bad := set(args.compile_modes) - set(COMPILE_ROWS):
+        raise SystemExit(f"unknown --compile-modes {sorted(bad)}; choose from {', '.join(COMPILE_ROWS)}")
     if bad := set(args.train_kinds) - {"full", "lora", "full-compile", "lora-compile"}:
         raise SystemExit(f"unknown --train-kinds {sorted(bad)}; choose from full, lora and their -compile")
     parts = ["lerobot"] if args.lerobot else args.parts.split(",")

@@ -15,6 +15,7 @@ import torch
 from vlastack.batch import dummy_batch
 from vlastack.config import load_config
 from vlastack.infer.fastpath import (
+    FastFlow,
     FusedAttentionProj,
     StaticSampler,
     UnitRMSNorm,
@@ -315,6 +316,38 @@ def test_compiled_samplers_for_many_batch_sizes_do_not_hit_the_recompile_limit(m
     torch._dynamo.reset()
 
 
+def test_compile_mode_reaches_torch_compile_and_capturing_modes_are_refused(monkeypatch):
+    """``compile_mode`` goes to torch.compile for the prefill and the step, through FastFlow and
+    Policy; modes that capture CUDA graphs themselves (inside our capture) get a ValueError."""
+    real_compile = torch.compile
+    modes = []
+
+    def spy(fn, **kw):
+        modes.append(kw.get("mode"))
+        return real_compile(fn, **{**kw, "mode": None, "backend": "eager"})
+
+    monkeypatch.setattr(torch, "compile", spy)
+    torch._dynamo.reset()
+    fast = prepare_for_inference(_model("pi0", action_horizon=4), torch.float32)
+    batch, noise = dummy_batch(fast.cfg, 1, train=False), _noise(fast.cfg, 1)
+    with torch.inference_mode():
+        got = StaticSampler(fast, compile=True, compile_mode="max-autotune-no-cudagraphs")(batch, noise)
+        torch.testing.assert_close(got, StaticSampler(fast)(batch, noise), atol=ATOL, rtol=ATOL)
+    assert modes == ["max-autotune-no-cudagraphs"] * 2
+    flow = FastFlow(fast, graph=False, compile=True, compile_mode="max-autotune-no-cudagraphs")
+    with torch.inference_mode():
+        flow(batch, noise)
+    assert modes[2:] == ["max-autotune-no-cudagraphs"] * 2
+    for bad in ("reduce-overhead", "max-autotune", "fast"):
+        with pytest.raises(ValueError, match="compile mode"):
+            StaticSampler(fast, compile=True, compile_mode=bad)
+        with pytest.raises(ValueError, match="compile mode"):
+            Policy(_model("pi0", action_horizon=4), fast=True, compile=True, compile_mode=bad)
+    with pytest.raises(ValueError, match="fast=True with compile=True"):
+        Policy(_model("pi0", action_horizon=4), compile=True, compile_mode="default")
+    torch._dynamo.reset()
+
+
 # ----------------------------------------------------------------------------- GPU
 
 
@@ -335,6 +368,22 @@ def test_cuda_graph_matches_eager(variant, compile):
         torch.testing.assert_close(got, want, atol=2e-2, rtol=2e-2)
         assert ((got - fp32).norm() / fp32.norm()).item() < 0.05
     assert graphed.graph is not None
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_graph_autotuned_matches_eager():
+    """compile_mode="max-autotune-no-cudagraphs" (benchmarked GEMM configs), then our capture."""
+    ref = _model("pi0").cuda()
+    fast = prepare_for_inference(copy.deepcopy(ref), torch.bfloat16)
+    eager = StaticSampler(fast)
+    tuned = StaticSampler(fast, graph=True, compile=True, compile_mode="max-autotune-no-cudagraphs")
+    batch = {k: v.cuda() for k, v in dummy_batch(ref.cfg, 1, train=False).items()}
+    noise = _noise(ref.cfg, 1).cuda()
+    with torch.inference_mode():
+        torch.testing.assert_close(tuned(batch, noise), eager(batch, noise), atol=2e-2, rtol=2e-2)
+    assert tuned.graph is not None
+    torch._dynamo.reset()
 
 
 @pytest.mark.gpu

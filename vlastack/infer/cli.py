@@ -25,6 +25,7 @@ def _serve(args: argparse.Namespace) -> int:
         args.policy,
         device=args.device,
         compile=args.compile,
+        compile_mode=args.compile_mode,
         dtype=args.dtype,
         fast=args.fast,
         ema=args.ema,
@@ -83,6 +84,12 @@ def register(sub, groups) -> None:
         help="seconds a SIGTERM waits for in-flight requests before closing (default 10)",
     )
     p.add_argument("--compile", action="store_true", help="torch.compile the sampler")
+    p.add_argument(
+        "--compile-mode",
+        default=None,
+        help="with --fast --compile: the torch.compile mode, default | max-autotune-no-cudagraphs "
+        "(benchmarks GEMM configs: a longer warm-up)",
+    )
     p.add_argument(
         "--dtype", default=None, choices=["fp32", "bf16"], help="bf16 = autocast (with --fast: bf16 weights)"
     )

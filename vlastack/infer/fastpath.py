@@ -381,6 +381,24 @@ def allow_recompiles(n: int = COMPILED_VARIANTS) -> None:
         setattr(cfg, name, n)
 
 
+# torch.compile modes a sampler may use: the ones that capture CUDA graphs themselves
+# ("reduce-overhead", "max-autotune") would capture inside our own capture of the whole call.
+# "max-autotune-no-cudagraphs" benchmarks GEMM configs (Triton templates, split-K) for the step's
+# 50-row matmuls, at the cost of a longer warm-up.
+COMPILE_MODES = ("default", "max-autotune-no-cudagraphs")
+
+
+def check_compile_mode(mode: str | None) -> str:
+    """``mode`` (None = "default") -> the torch.compile mode; ValueError for any other."""
+    mode = mode or "default"
+    if mode not in COMPILE_MODES:
+        raise ValueError(
+            f"compile mode {mode!r}: the fast path takes {' | '.join(COMPILE_MODES)} (it captures the "
+            "whole call in one CUDA graph itself, so modes with their own CUDA graphs do not apply)"
+        )
+    return mode
+
+
 class StaticSampler:
     """The whole flow sampler over static buffers: ``run()`` reads ``inputs`` and ``noise`` and
     writes ``out``, with fixed shapes, no host syncs and no data-dependent Python control flow, so
@@ -390,8 +408,9 @@ class StaticSampler:
 
     ``graph`` (CUDA only; ignored on CPU, where ``run`` runs as is): capture ``run`` on the first
     call (after two warm-up runs on a side stream) and replay it after. ``compile``: torch.compile
-    (fullgraph, default mode) the prefix pass and the Euler step apart, before capture: fused
-    kernels, compiled in the time of one step, and still one graph for the whole call.
+    (fullgraph; ``compile_mode``, default "default", see ``COMPILE_MODES``) the prefix pass and the
+    Euler step apart, before capture: fused kernels, compiled in the time of one step, and still
+    one graph for the whole call.
 
     ``prefix=True`` (pi0): training-time real-time chunking, ``prefix_sample`` of
     models/heads/rtc.py as a static function: each call also takes the committed actions
@@ -400,8 +419,15 @@ class StaticSampler:
     """
 
     def __init__(
-        self, model: nn.Module, *, graph: bool = False, compile: bool = False, prefix: bool = False
+        self,
+        model: nn.Module,
+        *,
+        graph: bool = False,
+        compile: bool = False,
+        prefix: bool = False,
+        compile_mode: str | None = None,
     ) -> None:
+        mode = check_compile_mode(compile_mode)
         if not hasattr(model, PREPARED_ATTR):
             raise ValueError("StaticSampler needs a model made by prepare_for_inference (flow head)")
         if prefix and model.fast_time.zero_row is None:
@@ -424,8 +450,8 @@ class StaticSampler:
         self._step = self.prefix_step if prefix else self.euler_step
         if compile:
             allow_recompiles()
-            self._prefill = torch.compile(self.head.prefill, fullgraph=True, dynamic=False)
-            self._step = torch.compile(self._step, fullgraph=True, dynamic=False)
+            self._prefill = torch.compile(self.head.prefill, fullgraph=True, dynamic=False, mode=mode)
+            self._step = torch.compile(self._step, fullgraph=True, dynamic=False, mode=mode)
 
     @property
     def batch_size(self) -> int | None:
@@ -556,8 +582,11 @@ class FastFlow:
     ``Policy(fast=True)`` calls in place of ``model.sample``; ``prefix_sample`` the same for
     training-time real-time chunking (pi0: ``supports_prefix``)."""
 
-    def __init__(self, model: nn.Module, *, graph: bool = True, compile: bool = False) -> None:
+    def __init__(
+        self, model: nn.Module, *, graph: bool = True, compile: bool = False, compile_mode: str | None = None
+    ) -> None:
         self.model, self.graph, self.compile = model, graph, compile
+        self.compile_mode = check_compile_mode(compile_mode)
         self.samplers: dict[int, StaticSampler] = {}
         self.prefix_samplers: dict[int, StaticSampler] = {}
         self.supports_prefix = model.fast_time.zero_row is not None
@@ -566,7 +595,9 @@ class FastFlow:
         """-> actions fp32 [B, H, A]; ``noise_scale`` (default the config's), e.g. BID's."""
         b = noise.shape[0]
         if b not in self.samplers:
-            self.samplers[b] = StaticSampler(self.model, graph=self.graph, compile=self.compile)
+            self.samplers[b] = StaticSampler(
+                self.model, graph=self.graph, compile=self.compile, compile_mode=self.compile_mode
+            )
         return self.samplers[b](batch, noise, noise_scale=noise_scale)
 
     def prefix_sample(
@@ -577,6 +608,10 @@ class FastFlow:
         b = noise.shape[0]
         if b not in self.prefix_samplers:
             self.prefix_samplers[b] = StaticSampler(
-                self.model, graph=self.graph, compile=self.compile, prefix=True
+                self.model,
+                graph=self.graph,
+                compile=self.compile,
+                prefix=True,
+                compile_mode=self.compile_mode,
             )
         return self.prefix_samplers[b](batch, noise, action_prefix, prefix_len)
