@@ -18,9 +18,12 @@ and its 200-token prompt; 224x224 images, chunk 50, 10 Euler steps, batch 1/4/16
   tables) and ``StaticSampler`` without capture;
 - ``fast-graph``: the same function captured in one CUDA graph (prefix pass + all steps);
 - ``fast-compile-graph``: prefix pass and Euler step torch.compiled (inductor), then captured;
-- ``fast-compile-autotune-graph`` (``--compile-modes default,max-autotune-no-cudagraphs``): the
-  same in inductor's ``max-autotune-no-cudagraphs`` mode (GEMM configs benchmarked for the step's
-  50-row matmuls; a longer warm-up).
+- ``fast-compile-autotune-graph`` (``--compile-variants default,autotune``): the same in
+  inductor's ``max-autotune-no-cudagraphs`` mode (GEMM configs benchmarked for the step's 50-row
+  matmuls; a longer warm-up);
+- ``fast-compile-layers-graph`` (``--compile-variants layers``): one layer of each kind compiled
+  and shared by all layers (``fastpath.compile_layers``), then the whole call captured: a shorter
+  warm-up, no fusion across layers.
 
 ``model_p50_ms`` is the sampler alone on device-resident inputs; ``policy_p50_ms`` is
 ``Policy.infer`` end to end (numpy obs in, actions out, tokenization and normalization included).
@@ -58,13 +61,18 @@ from bench.common import RESULTS, environment, percentile  # noqa: E402
 from bench.serve import start_server  # noqa: E402
 from vlastack.batch import dummy_batch  # noqa: E402
 from vlastack.config import load_config  # noqa: E402
-from vlastack.infer.fastpath import StaticSampler, prepare_for_inference  # noqa: E402
+from vlastack.infer.fastpath import StaticSampler, prepare_for_inference, uncompile_layers  # noqa: E402
 from vlastack.infer.policy import Policy  # noqa: E402
 from vlastack.models import build_model  # noqa: E402
 
 PEAK_BF16 = {"H100": 989e12, "H200": 989e12, "A100": 312e12, "4090": 165e12}
 # the row each torch.compile mode's figures go under (fastpath.COMPILE_MODES)
-COMPILE_ROWS = {"default": "fast-compile-graph", "max-autotune-no-cudagraphs": "fast-compile-autotune-graph"}
+# --compile-variants: row name, torch.compile mode, compile scope (fastpath.compile_layers)
+COMPILE_ROWS = {
+    "default": ("fast-compile-graph", None, "whole"),
+    "autotune": ("fast-compile-autotune-graph", "max-autotune-no-cudagraphs", "whole"),
+    "layers": ("fast-compile-layers-graph", None, "layers"),
+}
 PARTS = ("infer", "train", "recipe24", "serve", "lerobot", "compile", "lerobot-compile")
 PRESET_CAMERAS = {
     "pi0": ("base_0_rgb", "left_wrist_0_rgb", "right_wrist_0_rgb"),
@@ -284,7 +292,7 @@ def bench_inference(res: Results, preset: str, args, budget: Budget, compile_onl
     weights = sum(t.numel() * t.element_size() for t in [*model.parameters(), *model.buffers()])
     res.put(sec, "weights_gib", round(weights / 2**30, 3))
     # one row name per torch.compile mode: fast-compile-graph (default), fast-compile-autotune-graph
-    compiled = {COMPILE_ROWS[m]: m for m in args.compile_modes}
+    compiled = {COMPILE_ROWS[v][0]: COMPILE_ROWS[v][1:] for v in args.compile_variants}
     modes = list(compiled) if compile_only else ["fast-eager", "fast-graph"]
     for mode in modes:
         compile = mode in compiled
@@ -296,9 +304,14 @@ def bench_inference(res: Results, preset: str, args, budget: Budget, compile_onl
             def run_mode(mode=mode, b=b, compile=compile) -> None:
                 if compile:
                     torch._dynamo.reset()
-                cmode = compiled.get(mode)
+                cmode, scope = compiled.get(mode, (None, "whole"))
+                uncompile_layers(model)  # a layers row before this one compiled them in place
                 sampler = StaticSampler(
-                    model, graph=mode != "fast-eager", compile=compile, compile_mode=cmode
+                    model,
+                    graph=mode != "fast-eager",
+                    compile=compile,
+                    compile_mode=cmode,
+                    compile_scope=scope,
                 )
                 call = lambda: sampler(batches[b], noises[b])  # noqa: E731
                 with torch.inference_mode():
@@ -313,7 +326,7 @@ def bench_inference(res: Results, preset: str, args, budget: Budget, compile_onl
                     if b == 1:
                         if mode != "fast-graph":  # a graph replays the same kernels as the function
                             plain = (
-                                StaticSampler(model, compile=compile, compile_mode=cmode)
+                                StaticSampler(model, compile=compile, compile_mode=cmode, compile_scope=scope)
                                 if compile
                                 else sampler
                             )
@@ -322,7 +335,7 @@ def bench_inference(res: Results, preset: str, args, budget: Budget, compile_onl
                         row["breakdown"] = breakdown(sampler, dev, reps)
                         if mode != "fast-eager":
                             try:  # a failure here must not lose the model's figures above
-                                row["policy"] = policy_latency(model, cfg, dev, reps, compile, cmode)
+                                row["policy"] = policy_latency(model, cfg, dev, reps, compile, cmode, scope)
                                 host = row["policy"]["p50_ms"] - row["p50_ms"]
                                 row["policy"]["host_ms"] = round(host, 3)
                             except Exception as e:  # recorded; the bench goes on
@@ -337,13 +350,18 @@ def bench_inference(res: Results, preset: str, args, budget: Budget, compile_onl
 
 
 def policy_latency(
-    model, cfg, dev: torch.device, reps: int, compile: bool, compile_mode: str | None = None
+    model,
+    cfg,
+    dev: torch.device,
+    reps: int,
+    compile: bool,
+    compile_mode: str | None = None,
+    scope: str = "whole",
 ) -> dict:
     """``Policy.infer`` end to end at batch 1 on an already prepared model."""
     dtype = "bf16" if dev.type == "cuda" else None
-    policy = Policy(
-        model, device=dev, dtype=dtype, fast=True, compile=compile, seed=0, compile_mode=compile_mode
-    )
+    kw = {"compile_mode": compile_mode, "compile_scope": scope} if compile else {}
+    policy = Policy(model, device=dev, dtype=dtype, fast=True, compile=compile, seed=0, **kw)
     obs = observations(cfg, 1)[0]
     out = {"warmup_s": first_call_s(lambda: policy.infer(obs), dev)}
     out.update(timed(lambda: policy.infer(obs), dev, reps))
@@ -678,9 +696,10 @@ def main() -> None:
         "--compile-batches", default="1", help="batches for the compiled variant (one compile each)"
     )
     ap.add_argument(
-        "--compile-modes",
+        "--compile-variants",
         default="default",
-        help=f"torch.compile modes of the compile part, in order, each its own row: {', '.join(COMPILE_ROWS)}",
+        help="the compile part's variants, in order, each its own row: default (whole prefix pass and "
+        "step), autotune (the same in max-autotune-no-cudagraphs), layers (one layer of each kind)",
     )
     ap.add_argument("--train-batches", default="32,24,16,8", help="tried in order until one fits")
     ap.add_argument(
@@ -713,9 +732,9 @@ def main() -> None:
     args.compile_batches = [int(b) for b in args.compile_batches.split(",")]
     args.recipe_batches = [int(b) for b in args.recipe_batches.split(",")]
     args.train_kinds = args.train_kinds.split(",")
-    args.compile_modes = args.compile_modes.split(",")
-    if bad := set(args.compile_modes) - set(COMPILE_ROWS):
-        raise SystemExit(f"unknown --compile-modes {sorted(bad)}; choose from {', '.join(COMPILE_ROWS)}")
+    args.compile_variants = args.compile_variants.split(",")
+    if bad := set(args.compile_variants) - set(COMPILE_ROWS):
+        raise SystemExit(f"unknown --compile-variants {sorted(bad)}; choose from {', '.join(COMPILE_ROWS)}")
     if bad := set(args.train_kinds) - {"full", "lora", "full-compile", "lora-compile"}:
         raise SystemExit(f"unknown --train-kinds {sorted(bad)}; choose from full, lora and their -compile")
     parts = ["lerobot"] if args.lerobot else args.parts.split(",")

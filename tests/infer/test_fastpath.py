@@ -19,9 +19,11 @@ from vlastack.infer.fastpath import (
     FusedAttentionProj,
     StaticSampler,
     UnitRMSNorm,
+    compile_layers,
     fast_velocity,
     fuse_projections,
     prepare_for_inference,
+    uncompile_layers,
 )
 from vlastack.infer.policy import Policy
 from vlastack.models import build_model
@@ -348,6 +350,78 @@ def test_compile_mode_reaches_torch_compile_and_capturing_modes_are_refused(monk
     torch._dynamo.reset()
 
 
+@pytest.mark.parametrize("variant", ["pi0", "pi05"])
+def test_layers_scope_compiles_one_graph_per_call_kind_at_any_depth(variant, monkeypatch):
+    """compile_scope="layers": the decoder layer and the SigLIP block are compiled once per kind
+    of call (prefill, last prefill layer, denoise step) and shared by every layer, so deeper
+    models add no graphs; the result equals the eager sampler's, and the training-time RTC
+    sampler reuses them. (Dynamo's eager backend: the graph count, not inductor's codegen.)"""
+    from torch._dynamo.utils import counters
+
+    real_compile = torch.compile
+    monkeypatch.setattr(torch, "compile", lambda fn, **kw: real_compile(fn, **{**kw, "backend": "eager"}))
+    graphs = []
+    for depth in (2, 4):
+        torch._dynamo.reset()
+        counters.clear()
+        cfg = load_config("tiny", overrides=[f"model.variant={variant}"]).model
+        cfg = replace(
+            cfg,
+            num_denoise_steps=3,
+            vlm=replace(cfg.vlm, depth=depth),
+            expert=replace(cfg.expert, depth=depth),
+            vision=replace(cfg.vision, depth=depth),
+        )
+        torch.manual_seed(0)
+        fast = prepare_for_inference(build_model(cfg).eval(), torch.float32)
+        batch, noise = dummy_batch(cfg, 1, train=False), _noise(cfg, 1)
+        with torch.inference_mode():
+            want = StaticSampler(fast)(batch, noise)
+            got = StaticSampler(fast, compile=True, compile_scope="layers")(batch, noise)
+            torch.testing.assert_close(got, want, atol=ATOL, rtol=ATOL)
+            graphs.append(counters["stats"]["unique_graphs"])
+            if variant == "pi0":
+                extra = (_noise(cfg, 1, seed=5), torch.tensor([1]))
+                got = StaticSampler(fast, compile=True, compile_scope="layers", prefix=True)(
+                    batch, noise, *extra
+                )
+                want = StaticSampler(fast, prefix=True)(batch, noise, *extra)
+                torch.testing.assert_close(got, want, atol=ATOL, rtol=ATOL)
+                assert counters["stats"]["unique_graphs"] == graphs[-1]  # nothing new to compile
+        assert fast._compiled_layers == "default"
+        uncompile_layers(fast)
+        assert "forward" not in fast.decoder.layers[0].__dict__
+    assert graphs[0] == graphs[1] <= 6, graphs
+    with pytest.raises(ValueError, match="compile_scope"):
+        StaticSampler(fast, compile=True, compile_scope="model")
+    compile_layers(fast)
+    with pytest.raises(ValueError, match="already compiled"):
+        compile_layers(fast, "max-autotune-no-cudagraphs")
+    torch._dynamo.reset()
+
+
+def test_policy_layers_scope_matches_policy(monkeypatch):
+    real_compile = torch.compile
+    monkeypatch.setattr(torch, "compile", lambda fn, **kw: real_compile(fn, **{**kw, "backend": "eager"}))
+    torch._dynamo.reset()
+    ref = _model("pi0", action_horizon=4)
+    slow = Policy(copy.deepcopy(ref), fast=True)
+    fast = Policy(ref, fast=True, compile=True, compile_scope="layers")
+    rng = np.random.default_rng(0)
+    obs = {
+        "images": {c: rng.integers(0, 256, (64, 64, 3), dtype=np.uint8) for c in ref.cfg.camera_names},
+        "state": rng.normal(size=ref.cfg.state_dim).astype(np.float32),
+        "prompt": "pick",
+    }
+    noise = _noise(ref.cfg, 1)
+    want, got = slow.infer_checked([slow.check(obs)], noise), fast.infer_checked([fast.check(obs)], noise)
+    np.testing.assert_allclose(got, want, atol=ATOL, rtol=ATOL)
+    assert ref._compiled_layers == "default"
+    with pytest.raises(ValueError, match="compile_scope"):
+        Policy(_model("pi0", action_horizon=4), compile=True, compile_scope="layers")
+    torch._dynamo.reset()
+
+
 # ----------------------------------------------------------------------------- GPU
 
 
@@ -368,6 +442,27 @@ def test_cuda_graph_matches_eager(variant, compile):
         torch.testing.assert_close(got, want, atol=2e-2, rtol=2e-2)
         assert ((got - fp32).norm() / fp32.norm()).item() < 0.05
     assert graphed.graph is not None
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("variant", ["pi0", "pi05"])
+def test_cuda_graph_layers_compiled_matches_eager(variant):
+    """compile_scope="layers" (one compiled layer of each kind), then the whole call captured."""
+    ref = _model(variant).cuda()
+    fast = prepare_for_inference(copy.deepcopy(ref), torch.bfloat16)
+    eager, graphed = (
+        StaticSampler(fast),
+        StaticSampler(fast, graph=True, compile=True, compile_scope="layers"),
+    )
+    for seed in (0, 1):
+        batch = {k: v.cuda() for k, v in dummy_batch(ref.cfg, 2, train=False, seed=seed).items()}
+        noise = _noise(ref.cfg, 2, seed).cuda()
+        with torch.inference_mode():
+            torch.testing.assert_close(graphed(batch, noise), eager(batch, noise), atol=2e-2, rtol=2e-2)
+    assert graphed.graph is not None
+    uncompile_layers(fast)
+    torch._dynamo.reset()
 
 
 @pytest.mark.gpu

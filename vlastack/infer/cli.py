@@ -26,6 +26,7 @@ def _serve(args: argparse.Namespace) -> int:
         device=args.device,
         compile=args.compile,
         compile_mode=args.compile_mode,
+        compile_scope=args.compile_scope,
         dtype=args.dtype,
         fast=args.fast,
         ema=args.ema,
@@ -89,6 +90,13 @@ def register(sub, groups) -> None:
         default=None,
         help="with --fast --compile: the torch.compile mode, default | max-autotune-no-cudagraphs "
         "(benchmarks GEMM configs: a longer warm-up)",
+    )
+    p.add_argument(
+        "--compile-scope",
+        default="whole",
+        choices=["whole", "layers"],
+        help="with --fast --compile: compile the prefix pass and step whole (default), or one layer of "
+        "each kind shared by all layers (a shorter warm-up, no fusion across layers)",
     )
     p.add_argument(
         "--dtype", default=None, choices=["fp32", "bf16"], help="bf16 = autocast (with --fast: bf16 weights)"

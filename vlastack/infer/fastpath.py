@@ -31,6 +31,7 @@ Refuses LoRA-wrapped linears (merge them first: ``nn.lora.merge_lora`` + ``remov
 
 from __future__ import annotations
 
+import types
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -388,6 +389,40 @@ def allow_recompiles(n: int = COMPILED_VARIANTS) -> None:
 COMPILE_MODES = ("default", "max-autotune-no-cudagraphs")
 
 
+COMPILE_SCOPES = ("whole", "layers")
+
+
+def compile_layers(model: nn.Module, mode: str | None = None) -> nn.Module:
+    """Regional compilation: one torch.compile of each layer class's forward (the joint decoder
+    layer, the SigLIP block), shared by every layer of that class, in place of the whole prefix
+    pass and Euler step. Dynamo traces a layer once per call kind (prefill, last prefill layer,
+    denoise step) instead of all 18 + 27 layers, so the warm-up is a fraction; inductor cannot
+    fuse across layer boundaries (a residual add and the next layer's norm stay two kernels).
+    The layers read their cache through ``StaticKVCache.layer(i)``, never an index, so one
+    compiled graph serves all of them. Returns the model (its layers' ``forward`` replaced)."""
+    mode = check_compile_mode(mode)
+    if getattr(model, "_compiled_layers", None) is not None:
+        if model._compiled_layers != mode:
+            raise ValueError(f"layers already compiled in mode {model._compiled_layers!r}, not {mode!r}")
+        return model
+    allow_recompiles()
+    for layers in (model.decoder.layers, model.vision.layers):
+        fn = torch.compile(type(layers[0]).forward, fullgraph=True, dynamic=False, mode=mode)
+        for layer in layers:
+            layer.forward = types.MethodType(fn, layer)
+    model._compiled_layers = mode
+    return model
+
+
+def uncompile_layers(model: nn.Module) -> nn.Module:
+    """Undo ``compile_layers``: the layers run their class's own forward again."""
+    for layers in (model.decoder.layers, model.vision.layers):
+        for layer in layers:
+            layer.__dict__.pop("forward", None)
+    model.__dict__.pop("_compiled_layers", None)
+    return model
+
+
 def check_compile_mode(mode: str | None) -> str:
     """``mode`` (None = "default") -> the torch.compile mode; ValueError for any other."""
     mode = mode or "default"
@@ -410,7 +445,8 @@ class StaticSampler:
     call (after two warm-up runs on a side stream) and replay it after. ``compile``: torch.compile
     (fullgraph; ``compile_mode``, default "default", see ``COMPILE_MODES``) the prefix pass and the
     Euler step apart, before capture: fused kernels, compiled in the time of one step, and still
-    one graph for the whole call.
+    one graph for the whole call. ``compile_scope="layers"``: compile one layer of each kind
+    instead (``compile_layers``): a shorter warm-up, the same single captured graph.
 
     ``prefix=True`` (pi0): training-time real-time chunking, ``prefix_sample`` of
     models/heads/rtc.py as a static function: each call also takes the committed actions
@@ -426,8 +462,13 @@ class StaticSampler:
         compile: bool = False,
         prefix: bool = False,
         compile_mode: str | None = None,
+        compile_scope: str = "whole",
     ) -> None:
         mode = check_compile_mode(compile_mode)
+        if compile_scope not in COMPILE_SCOPES:
+            raise ValueError(
+                f"compile_scope must be one of {' | '.join(COMPILE_SCOPES)}, got {compile_scope!r}"
+            )
         if not hasattr(model, PREPARED_ATTR):
             raise ValueError("StaticSampler needs a model made by prepare_for_inference (flow head)")
         if prefix and model.fast_time.zero_row is None:
@@ -448,7 +489,9 @@ class StaticSampler:
         self.rows = [r.clone() for r in model.fast_time.rows]
         self._prefill = self.head.prefill
         self._step = self.prefix_step if prefix else self.euler_step
-        if compile:
+        if compile and compile_scope == "layers":
+            compile_layers(model, mode)
+        elif compile:
             allow_recompiles()
             self._prefill = torch.compile(self.head.prefill, fullgraph=True, dynamic=False, mode=mode)
             self._step = torch.compile(self._step, fullgraph=True, dynamic=False, mode=mode)
@@ -583,10 +626,17 @@ class FastFlow:
     training-time real-time chunking (pi0: ``supports_prefix``)."""
 
     def __init__(
-        self, model: nn.Module, *, graph: bool = True, compile: bool = False, compile_mode: str | None = None
+        self,
+        model: nn.Module,
+        *,
+        graph: bool = True,
+        compile: bool = False,
+        compile_mode: str | None = None,
+        compile_scope: str = "whole",
     ) -> None:
         self.model, self.graph, self.compile = model, graph, compile
         self.compile_mode = check_compile_mode(compile_mode)
+        self.kw = {"compile_mode": self.compile_mode, "compile_scope": compile_scope}
         self.samplers: dict[int, StaticSampler] = {}
         self.prefix_samplers: dict[int, StaticSampler] = {}
         self.supports_prefix = model.fast_time.zero_row is not None
@@ -595,9 +645,7 @@ class FastFlow:
         """-> actions fp32 [B, H, A]; ``noise_scale`` (default the config's), e.g. BID's."""
         b = noise.shape[0]
         if b not in self.samplers:
-            self.samplers[b] = StaticSampler(
-                self.model, graph=self.graph, compile=self.compile, compile_mode=self.compile_mode
-            )
+            self.samplers[b] = StaticSampler(self.model, graph=self.graph, compile=self.compile, **self.kw)
         return self.samplers[b](batch, noise, noise_scale=noise_scale)
 
     def prefix_sample(
@@ -612,6 +660,6 @@ class FastFlow:
                 graph=self.graph,
                 compile=self.compile,
                 prefix=True,
-                compile_mode=self.compile_mode,
+                **self.kw,
             )
         return self.prefix_samplers[b](batch, noise, action_prefix, prefix_len)

@@ -110,6 +110,7 @@ class Policy:
         bid_samples: int = 8,
         bid_noise_scale: float = 1.0,
         compile_mode: str | None = None,
+        compile_scope: str = "whole",
     ) -> None:
         if dtype not in (None, "fp32", "bf16"):
             raise ValueError(f"dtype must be None, 'fp32' or 'bf16', got {dtype!r}")
@@ -161,12 +162,12 @@ class Policy:
         self.decode_stats = {"chunks": 0, "invalid": 0, "repeated": 0}
         self._last_valid: np.ndarray | None = None  # the latest valid chunk [H, A_env] (repeat_last)
         self._fast = None
-        if compile_mode is not None and not (fast and compile):
+        if (compile_mode is not None or compile_scope != "whole") and not (fast and compile):
             raise ValueError(
-                "compile_mode applies to fast=True with compile=True (the fast path's compiled sampler)"
+                "compile_mode and compile_scope apply to fast=True with compile=True (the fast path's compiled sampler)"
             )
         if fast:  # infer/fastpath.py: prepared weights, whole sampler in one CUDA graph
-            self._fast = self._make_fast(compile, compile_mode)
+            self._fast = self._make_fast(compile, compile_mode, compile_scope)
         elif compile:
             # The per-step parts (flow: prefix pass + denoise step; tokens: the decode step), not
             # the unrolled sampler: a graph 1/N the size, so it compiles ~N times faster.
@@ -181,19 +182,31 @@ class Policy:
                     stacklevel=2,
                 )
 
-    def _make_fast(self, compile: bool, compile_mode: str | None = None) -> Any:
+    def _make_fast(self, compile: bool, compile_mode: str | None = None, compile_scope: str = "whole") -> Any:
         """``fast=True``: ``prepare_for_inference`` on this policy's model (in place; weights
         stored in bf16 with ``dtype='bf16'``, else fp32) and a ``FastFlow`` sampler: on CUDA one
         captured graph per batch size (prefix pass + all Euler steps), on CPU the same static
         function without capture. ``compile`` compiles its prefix pass and step before capture,
-        in ``compile_mode`` (fastpath.COMPILE_MODES)."""
-        from vlastack.infer.fastpath import FastFlow, check_compile_mode, prepare_for_inference
+        in ``compile_mode`` (fastpath.COMPILE_MODES), or one layer of each kind
+        (``compile_scope="layers"``: fastpath.compile_layers)."""
+        from vlastack.infer.fastpath import (
+            COMPILE_SCOPES,
+            FastFlow,
+            check_compile_mode,
+            prepare_for_inference,
+        )
 
         if not self.cfg.head_spec.fast_path:
             raise ValueError(f"fast=True needs a flow head (pi0/pi05), got head={self.cfg.head!r}")
         mode = check_compile_mode(compile_mode)  # before the model is changed in place
+        if compile_scope not in COMPILE_SCOPES:
+            raise ValueError(
+                f"compile_scope must be one of {' | '.join(COMPILE_SCOPES)}, got {compile_scope!r}"
+            )
         prepare_for_inference(self.model, torch.bfloat16 if self.bf16 else torch.float32)
-        return FastFlow(self.model, graph=True, compile=compile, compile_mode=mode)
+        return FastFlow(
+            self.model, graph=True, compile=compile, compile_mode=mode, compile_scope=compile_scope
+        )
 
     def _generic_time(self) -> Any:
         """The context real-time chunking and BID sample in: with ``fast=True`` a pi0.5 model's

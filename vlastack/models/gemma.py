@@ -17,7 +17,7 @@ from torch import Tensor, nn
 
 from vlastack.config import DecoderConfig
 from vlastack.nn.attention import gqa_attention
-from vlastack.nn.kv_cache import StaticKVCache
+from vlastack.nn.kv_cache import LayerKV, StaticKVCache
 from vlastack.nn.mlp import GeGLU
 from vlastack.nn.norms import AdaRMSNorm, RMSNorm
 from vlastack.nn.rope import RotaryEmbedding, apply_rope
@@ -111,7 +111,7 @@ class JointLayer(nn.Module):
         cos: Tensor,
         sin: Tensor,
         mask: Tensor,
-        cache: StaticKVCache | None = None,
+        cache: LayerKV | None = None,
         cache_pos: int | Tensor = 0,
         attend_cache: bool = True,
         vlm_output: bool = True,
@@ -120,8 +120,9 @@ class JointLayer(nn.Module):
         """xs: per-expert tokens [B, T_e, W_e] or None; cos/sin [B, T, D] for the T = sum(T_e) query
         tokens; mask bool [B, 1, T, S] over S keys (S = T, or the cache length when attending it).
 
-        With a cache, this layer's k/v are written at ``cache_pos``; ``attend_cache`` chooses whether
-        attention reads the whole cache buffer (decode/denoise) or only these tokens (prefill).
+        With a cache (this layer's buffers, ``StaticKVCache.layer(i)``), its k/v are written at
+        ``cache_pos``; ``attend_cache`` chooses whether attention reads the whole cache buffer
+        (decode/denoise) or only these tokens (prefill).
         ``vlm_output=False`` skips the VLM tokens' attention output and MLP: in the last layer of the
         flow model only their keys/values are ever read. ``cond``: per-expert conditioning
         [B, C_e] or None (openpi's ``adarms_cond``), read by adaptive norms only.
@@ -146,12 +147,12 @@ class JointLayer(nn.Module):
         if not qs:  # only keys/values were wanted (last layer of a flow-model prefill)
             k, v = apply_rope(ks[0], cos, sin), vs[0]
             if cache is not None:
-                cache.update(self.index, k, v, cache_pos)
+                cache.update(k, v, cache_pos)
             return outs
         q, k, v = (torch.cat(t, dim=2) if len(t) > 1 else t[0] for t in (qs, ks, vs))
         q, k = apply_rope(q, cos_q, sin_q), apply_rope(k, cos, sin)
         if cache is not None:
-            kc, vc = cache.update(self.index, k, v, cache_pos)
+            kc, vc = cache.update(k, v, cache_pos)
             if attend_cache:
                 k, v = kc, vc
         out = rearrange(gqa_attention(q, k, v, mask), "b h t d -> b t (h d)")
@@ -233,7 +234,7 @@ class JointDecoder(nn.Module):
                 cos=cos,
                 sin=sin,
                 mask=mask,
-                cache=cache,
+                cache=cache.layer(i) if cache is not None else None,
                 cache_pos=cache_pos,
                 attend_cache=attend_cache,
                 vlm_output=vlm_output or i < last,

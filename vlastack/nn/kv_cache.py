@@ -42,12 +42,29 @@ class StaticKVCache:
             torch._dynamo.mark_static_address(t)
         return self
 
+    def layer(self, layer: int) -> LayerKV:
+        """Layer ``layer``'s buffers (the same tensors, no copy). A decoder layer gets this, not
+        the cache and its index: code compiled for one layer then serves all of them (no guard on
+        the index: fastpath.compile_layers)."""
+        return LayerKV(self.k[layer], self.v[layer], self.max_len)
+
     def update(self, layer: int, k: Tensor, v: Tensor, pos: int | Tensor) -> tuple[Tensor, Tensor]:
+        """``self.layer(layer).update(k, v, pos)``."""
+        return self.layer(layer).update(k, v, pos)
+
+
+class LayerKV:
+    """One layer's k, v buffers [B, kv_heads, max_len, head_dim] of a ``StaticKVCache``."""
+
+    def __init__(self, k: Tensor, v: Tensor, max_len: int) -> None:
+        self.k, self.v, self.max_len = k, v, max_len
+
+    def update(self, k: Tensor, v: Tensor, pos: int | Tensor) -> tuple[Tensor, Tensor]:
         """Write k/v [B, kv_heads, T, D] at ``pos`` (int start, or LongTensor [T] of slots).
 
-        Returns this layer's full buffers [B, kv_heads, max_len, D].
+        Returns the layer's full buffers [B, kv_heads, max_len, D].
         """
-        kc, vc = self.k[layer], self.v[layer]
+        kc, vc = self.k, self.v
         if isinstance(pos, Tensor) and pos.dim() == 0:  # torch.jit.trace turns python ints into 0-d tensors
             pos = int(pos)
         if isinstance(pos, int):
