@@ -400,6 +400,26 @@ def test_layers_scope_compiles_one_graph_per_call_kind_at_any_depth(variant, mon
     torch._dynamo.reset()
 
 
+def test_policy_warmup_with_layers_scope_runs_every_sampler(monkeypatch):
+    """``vla serve --warmup --compile-scope layers``: every sampling method, the VJP-guided one
+    too (autograd through the compiled layers), runs and answers as an uncompiled policy."""
+    real_compile = torch.compile
+    monkeypatch.setattr(torch, "compile", lambda fn, **kw: real_compile(fn, **{**kw, "backend": "eager"}))
+    torch._dynamo.reset()
+    ref = _model("pi0")
+    warm = Policy(copy.deepcopy(ref), fast=True, compile=True, compile_scope="layers", seed=5)
+    fresh = Policy(copy.deepcopy(ref), fast=True, seed=5)
+    assert list(warm.warmup()) == ["plain", "rtc_inference", "rtc_training", "bid"]
+    rng = np.random.default_rng(0)
+    obs = {
+        "images": {c: rng.integers(0, 256, (64, 64, 3), dtype=np.uint8) for c in ref.cfg.camera_names},
+        "state": rng.normal(size=ref.cfg.state_dim).astype(np.float32),
+        "prompt": "pick",
+    }
+    np.testing.assert_allclose(warm.infer(obs)["actions"], fresh.infer(obs)["actions"], atol=ATOL, rtol=ATOL)
+    torch._dynamo.reset()
+
+
 def test_policy_layers_scope_matches_policy(monkeypatch):
     real_compile = torch.compile
     monkeypatch.setattr(torch, "compile", lambda fn, **kw: real_compile(fn, **{**kw, "backend": "eager"}))
