@@ -387,8 +387,8 @@ def allow_recompiles(n: int = COMPILED_VARIANTS) -> None:
 # "max-autotune-no-cudagraphs" benchmarks GEMM configs (Triton templates, split-K) for the step's
 # 50-row matmuls, at the cost of a longer warm-up.
 COMPILE_MODES = ("default", "max-autotune-no-cudagraphs")
-
-
+# What is compiled: the prefix pass and the Euler step each whole, or one layer of each kind
+# (compile_layers).
 COMPILE_SCOPES = ("whole", "layers")
 
 
