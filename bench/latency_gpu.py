@@ -306,6 +306,10 @@ def bench_inference(res: Results, preset: str, args, budget: Budget, compile_onl
                     torch._dynamo.reset()
                 cmode, scope = compiled.get(mode, (None, "whole"))
                 uncompile_layers(model)  # a layers row before this one compiled them in place
+                ref = None
+                if compile:  # the uncompiled static function's answer, to check the compiled one by
+                    with torch.inference_mode():
+                        ref = StaticSampler(model)(batches[b], noises[b])
                 sampler = StaticSampler(
                     model,
                     graph=mode != "fast-eager",
@@ -320,6 +324,8 @@ def bench_inference(res: Results, preset: str, args, budget: Budget, compile_onl
                     row = {"warmup_s": first_call_s(call, dev)}
                     row.update(timed(call, dev, reps))
                     row["samples_per_s"] = round(b * 1e3 / row["p50_ms"], 2)
+                    if ref is not None:  # same inputs every call: ``out`` is the last call's answer
+                        row["rel_err_vs_fast_eager"] = float((sampler.out - ref).norm() / ref.norm())
                     if dev.type == "cuda":
                         row["peak_gib"] = round(torch.cuda.max_memory_allocated(dev) / 2**30, 3)
                         row["peak_over_weights_gib"] = round(row["peak_gib"] - weights / 2**30, 3)
