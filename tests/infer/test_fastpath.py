@@ -278,6 +278,14 @@ def test_policy_fast_refuses_token_head():
         Policy(build_model(cfg), fast=True)
 
 
+@pytest.fixture
+def eager_compile(monkeypatch):
+    """torch.compile with dynamo's eager backend: traced and guarded like the real thing, without
+    inductor's codegen, so compile tests stay quick."""
+    real_compile = torch.compile
+    monkeypatch.setattr(torch, "compile", lambda fn, **kw: real_compile(fn, **{**kw, "backend": "eager"}))
+
+
 @pytest.mark.parametrize("variant,prefix", [("pi05", False), ("pi0", True)])
 def test_static_sampler_compiles_whole_without_graph_breaks(variant, prefix):
     """The unrolled sampler traces as one graph (fullgraph=True; the eager backend: no codegen),
@@ -297,14 +305,12 @@ def test_static_sampler_compiles_whole_without_graph_breaks(variant, prefix):
     torch._dynamo.reset()
 
 
-def test_compiled_samplers_for_many_batch_sizes_do_not_hit_the_recompile_limit(monkeypatch):
+def test_compiled_samplers_for_many_batch_sizes_do_not_hit_the_recompile_limit(eager_compile):
     """Each batch size is one more compiled variant of the same step and prefill; with fullgraph
     dynamo refuses the one past its recompile limit (8 by default) with an error. A compiling
     sampler raises the limit (here from 2, with dynamo's eager backend to keep it quick)."""
     import torch._dynamo
 
-    real_compile = torch.compile
-    monkeypatch.setattr(torch, "compile", lambda fn, **kw: real_compile(fn, **{**kw, "backend": "eager"}))
     torch._dynamo.reset()
     fast = prepare_for_inference(_model("pi0", action_horizon=4), torch.float32)
     # config.patch, not monkeypatch: the config module keeps its values outside __dict__, and
@@ -351,15 +357,13 @@ def test_compile_mode_reaches_torch_compile_and_capturing_modes_are_refused(monk
 
 
 @pytest.mark.parametrize("variant", ["pi0", "pi05"])
-def test_layers_scope_compiles_one_graph_per_call_kind_at_any_depth(variant, monkeypatch):
+def test_layers_scope_compiles_one_graph_per_call_kind_at_any_depth(variant, eager_compile):
     """compile_scope="layers": the decoder layer and the SigLIP block are compiled once per kind
     of call (prefill, last prefill layer, denoise step) and shared by every layer, so deeper
     models add no graphs; the result equals the eager sampler's, and the training-time RTC
     sampler reuses them. (Dynamo's eager backend: the graph count, not inductor's codegen.)"""
     from torch._dynamo.utils import counters
 
-    real_compile = torch.compile
-    monkeypatch.setattr(torch, "compile", lambda fn, **kw: real_compile(fn, **{**kw, "backend": "eager"}))
     graphs = []
     for depth in (2, 4):
         torch._dynamo.reset()
@@ -400,11 +404,9 @@ def test_layers_scope_compiles_one_graph_per_call_kind_at_any_depth(variant, mon
     torch._dynamo.reset()
 
 
-def test_policy_warmup_with_layers_scope_runs_every_sampler(monkeypatch):
+def test_policy_warmup_with_layers_scope_runs_every_sampler(eager_compile):
     """``vla serve --warmup --compile-scope layers``: every sampling method, the VJP-guided one
     too (autograd through the compiled layers), runs and answers as an uncompiled policy."""
-    real_compile = torch.compile
-    monkeypatch.setattr(torch, "compile", lambda fn, **kw: real_compile(fn, **{**kw, "backend": "eager"}))
     torch._dynamo.reset()
     ref = _model("pi0")
     warm = Policy(copy.deepcopy(ref), fast=True, compile=True, compile_scope="layers", seed=5)
@@ -420,9 +422,7 @@ def test_policy_warmup_with_layers_scope_runs_every_sampler(monkeypatch):
     torch._dynamo.reset()
 
 
-def test_policy_layers_scope_matches_policy(monkeypatch):
-    real_compile = torch.compile
-    monkeypatch.setattr(torch, "compile", lambda fn, **kw: real_compile(fn, **{**kw, "backend": "eager"}))
+def test_policy_layers_scope_matches_policy(eager_compile):
     torch._dynamo.reset()
     ref = _model("pi0", action_horizon=4)
     slow = Policy(copy.deepcopy(ref), fast=True)

@@ -423,6 +423,13 @@ def uncompile_layers(model: nn.Module) -> nn.Module:
     return model
 
 
+def check_compile_scope(scope: str) -> str:
+    """``scope`` if it is one of ``COMPILE_SCOPES``; else ValueError."""
+    if scope not in COMPILE_SCOPES:
+        raise ValueError(f"compile_scope must be one of {' | '.join(COMPILE_SCOPES)}, got {scope!r}")
+    return scope
+
+
 def check_compile_mode(mode: str | None) -> str:
     """``mode`` (None = "default") -> the torch.compile mode; ValueError for any other."""
     mode = mode or "default"
@@ -464,11 +471,7 @@ class StaticSampler:
         compile_mode: str | None = None,
         compile_scope: str = "whole",
     ) -> None:
-        mode = check_compile_mode(compile_mode)
-        if compile_scope not in COMPILE_SCOPES:
-            raise ValueError(
-                f"compile_scope must be one of {' | '.join(COMPILE_SCOPES)}, got {compile_scope!r}"
-            )
+        mode, compile_scope = check_compile_mode(compile_mode), check_compile_scope(compile_scope)
         if not hasattr(model, PREPARED_ATTR):
             raise ValueError("StaticSampler needs a model made by prepare_for_inference (flow head)")
         if prefix and model.fast_time.zero_row is None:
@@ -636,7 +639,7 @@ class FastFlow:
     ) -> None:
         self.model, self.graph, self.compile = model, graph, compile
         self.compile_mode = check_compile_mode(compile_mode)
-        self.kw = {"compile_mode": self.compile_mode, "compile_scope": compile_scope}
+        self.kw = {"compile_mode": self.compile_mode, "compile_scope": check_compile_scope(compile_scope)}
         self.samplers: dict[int, StaticSampler] = {}
         self.prefix_samplers: dict[int, StaticSampler] = {}
         self.supports_prefix = model.fast_time.zero_row is not None

@@ -190,19 +190,16 @@ class Policy:
         in ``compile_mode`` (fastpath.COMPILE_MODES), or one layer of each kind
         (``compile_scope="layers"``: fastpath.compile_layers)."""
         from vlastack.infer.fastpath import (
-            COMPILE_SCOPES,
             FastFlow,
             check_compile_mode,
+            check_compile_scope,
             prepare_for_inference,
         )
 
         if not self.cfg.head_spec.fast_path:
             raise ValueError(f"fast=True needs a flow head (pi0/pi05), got head={self.cfg.head!r}")
-        mode = check_compile_mode(compile_mode)  # before the model is changed in place
-        if compile_scope not in COMPILE_SCOPES:
-            raise ValueError(
-                f"compile_scope must be one of {' | '.join(COMPILE_SCOPES)}, got {compile_scope!r}"
-            )
+        # checked before the model is changed in place
+        mode, compile_scope = check_compile_mode(compile_mode), check_compile_scope(compile_scope)
         prepare_for_inference(self.model, torch.bfloat16 if self.bf16 else torch.float32)
         return FastFlow(
             self.model, graph=True, compile=compile, compile_mode=mode, compile_scope=compile_scope
