@@ -48,10 +48,6 @@ class StaticKVCache:
         the index: fastpath.compile_layers)."""
         return LayerKV(self.k[layer], self.v[layer], self.max_len)
 
-    def update(self, layer: int, k: Tensor, v: Tensor, pos: int | Tensor) -> tuple[Tensor, Tensor]:
-        """``self.layer(layer).update(k, v, pos)``."""
-        return self.layer(layer).update(k, v, pos)
-
 
 class LayerKV:
     """One layer's k, v buffers [B, kv_heads, max_len, head_dim] of a ``StaticKVCache``."""
