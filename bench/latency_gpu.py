@@ -294,6 +294,7 @@ def bench_inference(res: Results, preset: str, args, budget: Budget, compile_onl
     # one row name per torch.compile mode: fast-compile-graph (default), fast-compile-autotune-graph
     compiled = {COMPILE_ROWS[v][0]: COMPILE_ROWS[v][1:] for v in args.compile_variants}
     modes = list(compiled) if compile_only else ["fast-eager", "fast-graph"]
+    refs: dict[int, torch.Tensor] = {}  # batch size -> the uncompiled static function's answer
     for mode in modes:
         compile = mode in compiled
         for b in args.compile_batches if compile else {"fast-eager": [1]}.get(mode, args.batches):
@@ -306,10 +307,10 @@ def bench_inference(res: Results, preset: str, args, budget: Budget, compile_onl
                     torch._dynamo.reset()
                 cmode, scope = compiled.get(mode, (None, "whole"))
                 uncompile_layers(model)  # a layers row before this one compiled them in place
-                ref = None
-                if compile:  # the uncompiled static function's answer, to check the compiled one by
+                if compile and b not in refs:  # one reference per batch size for every compiled row
                     with torch.inference_mode():
-                        ref = StaticSampler(model)(batches[b], noises[b])
+                        refs[b] = StaticSampler(model)(batches[b], noises[b])
+                ref = refs.get(b) if compile else None
                 sampler = StaticSampler(
                     model,
                     graph=mode != "fast-eager",

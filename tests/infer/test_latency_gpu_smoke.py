@@ -40,3 +40,18 @@ def test_latency_gpu_smoke(tmp_path):
     served = sec["serve/pi0"]["b1"]
     assert {"serve_p50_ms", "policy_p50_ms", "overhead_ms", "policy_rtc_inference_p50_ms"} <= set(served)
     assert data["skipped"] == {}
+
+
+@pytest.mark.slow
+def test_latency_gpu_compile_variants_smoke(tmp_path):
+    """``--parts compile --compile-variants layers,default`` (~20 s of CPU): one row per variant,
+    each checked against the uncompiled static function on the same inputs."""
+    out = tmp_path / "compile.json"
+    cmd = [sys.executable, str(ROOT / "bench" / "latency_gpu.py"), "--smoke", "--parts", "compile"]
+    cmd += ["--presets", "pi0", "--compile-variants", "layers,default", "--repeats", "1", "--out", str(out)]
+    subprocess.run(cmd, check=True, cwd=ROOT, timeout=600)
+    data = json.loads(out.read_text())
+    rows = data["sections"]["infer/pi0"]
+    for name in ("fast-compile-layers-graph_b1", "fast-compile-graph_b1"):
+        assert rows[name]["rel_err_vs_fast_eager"] < 1e-4, rows[name]
+    assert data["skipped"] == {}
