@@ -19,7 +19,7 @@ test: setup
 	$(PY) -m pytest -q -x -n 2 --dist worksteal --durations=15
 
 test-slow: setup
-	$(PY) -m pytest -q -m slow
+	$(PY) -m pytest -q -m 'slow or timing'
 
 lint:
 	$(PY) -m ruff check . && $(PY) -m ruff format --check .

@@ -27,9 +27,22 @@ def _params():
 @pytest.mark.parametrize("check", list(_params()))
 def test_check_passes(check):
     res = run_check(check, Ctx(quick=True))
+    if check.timed:
+        # A verdict on timings flips when the machine is busy (a fresh clone's `make test` once read
+        # row 28.3 vs column 18.0 ms for the .item() loop beside the suite's other worker). Here the
+        # check must measure without raising; test_timed_check_verdict asserts it (-m timing).
+        assert not res.measured.startswith("raised"), f"{res.measured}\n{res.note}"
+        return
     assert res.status != "FAIL", f"{res.measured}\n{res.note}"
     if res.status == "skip":  # only a missing device or package may skip a check outside --quick-only rows
         assert missing_requirement(check.requires) or "full mode only" in res.measured, res.measured
+
+
+@pytest.mark.timing
+@pytest.mark.parametrize("check", [p for p in _params() if p.values[0].timed])
+def test_timed_check_verdict(check):
+    res = run_check(check, Ctx(quick=True))
+    assert res.status != "FAIL", f"{res.measured}\n{res.note}"
 
 
 def test_every_claim_has_a_check_or_a_reason():

@@ -104,6 +104,22 @@ def test_wilson_interval():
     assert wilson(20, 20)[1] == 1.0 and wilson(20, 20)[0] > 0.8
 
 
+def test_wilson_contains_its_rate_for_every_count(tmp_path):
+    # wilson(6, 6) once came out as (.., 0.9999999999999999): plot() then drew a negative error bar
+    # and `vla eval` exited 2 after writing eval.json (seen on a 6/6 Meta-World group).
+    for n in range(1, 201):
+        for k in range(n + 1):
+            lo, hi = wilson(k, n)
+            assert 0.0 <= lo <= k / n <= hi <= 1.0, (k, n, lo, hi)
+        assert wilson(n, n)[1] == 1.0 and wilson(0, n)[0] == 0.0
+    from vlastack.sim.evaluate import plot
+
+    stat = {"n": 6, "successes": 6, "success_rate": 1.0, "ci95": [0.61, 0.9999999999999999]}
+    res = {"policy": "p", "suite": "s", "tasks": {"a": stat}, "groups": {"g": stat}, "overall": stat}
+    plot(res, tmp_path / "eval.png")  # an interval from an older eval.json, off by one ulp
+    assert (tmp_path / "eval.png").stat().st_size > 0
+
+
 def test_check_actions_messages():
     with pytest.raises(PolicyOutputError, match=r"policy 'p' at step 7.*NaN"):
         check_actions({"actions": np.full((2, 4), np.nan, np.float32)}, 4, "p", "step 7")

@@ -106,7 +106,7 @@ class _CatBytes(TorchDispatchMode):
         return out
 
 
-@LAB.check("S0-30", "S4-15")
+@LAB.check("S0-30", "S4-15", timed=True)
 def cat_vs_static_cache(ctx: Ctx) -> Finding:
     steps = ctx.n(1024, 512)
     new = torch.randn(1, 8, 1, 64)
@@ -146,7 +146,7 @@ def cat_vs_static_cache(ctx: Ctx) -> Finding:
     )
 
 
-@LAB.check("S4-14", "S4-16")
+@LAB.check("S4-14", "S4-16", timed=True)
 def prefix_once_vs_recompute(ctx: Ctx) -> Finding:
     from vlastack.batch import dummy_batch
     from vlastack.config import load_config

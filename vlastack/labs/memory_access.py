@@ -9,7 +9,7 @@ from vlastack.labs._core import Ctx, Finding, Lab, compare
 LAB = Lab("memory_access", "row vs column access: the note's .item() loop vs the same orders in C")
 
 
-@LAB.check("S2-08")
+@LAB.check("S2-08", timed=True)
 def item_loop_measures_python(ctx: Ctx) -> Finding:
     n = ctx.n(192, 96)
     x = torch.randn(n, n)
@@ -45,7 +45,7 @@ def item_loop_measures_python(ctx: Ctx) -> Finding:
     )
 
 
-@LAB.check("S2-08", "S2-09")
+@LAB.check("S2-08", "S2-09", timed=True)
 def access_order_in_c(ctx: Ctx) -> Finding:
     n = 4096  # 64 MiB: beyond the caches, so the order shows
     x = torch.randn(n, n)

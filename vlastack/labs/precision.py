@@ -145,7 +145,7 @@ def autocast_memory(ctx: Ctx) -> Finding:
     )
 
 
-@LAB.check("S1-10")
+@LAB.check("S1-10", timed=True)
 def low_precision_speed_on_this_cpu(ctx: Ctx) -> Finding:
     n = ctx.n(512, 256)
     a, b = torch.randn(n, n), torch.randn(n, n)

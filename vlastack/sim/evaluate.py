@@ -59,7 +59,11 @@ def wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
     den = 1 + z * z / n
     mid = (p + z * z / (2 * n)) / den
     half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / den
-    return (max(0.0, mid - half), min(1.0, mid + half))
+    # The closed form's bound at k == n (k == 0) is 1 (0) exactly, but rounds to 0.9999999999999999:
+    # pin it, so an interval always contains its own rate (a plot's error bar is never negative).
+    lo = 0.0 if k == 0 else max(0.0, mid - half)
+    hi = 1.0 if k == n else min(1.0, mid + half)
+    return (min(lo, p), max(hi, p))
 
 
 def run_episode(
@@ -706,7 +710,8 @@ def plot(res: dict, path: Path) -> None:
     labels = [*res["tasks"], *groups, "overall"]
     stats = [*res["tasks"].values(), *groups.values(), res["overall"]]
     rates = np.array([s["success_rate"] for s in stats])
-    err = np.array([[r - s["ci95"][0], s["ci95"][1] - r] for r, s in zip(rates, stats)]).T
+    # Clipped at 0: an interval read from an older eval.json may miss its rate by a rounding error.
+    err = np.array([[max(0.0, r - s["ci95"][0]), max(0.0, s["ci95"][1] - r)] for r, s in zip(rates, stats)]).T
     fig, ax = plt.subplots(figsize=(min(1.2 * len(labels) + 2, 0.45 * len(labels) + 6), 3.5))
     colors = ["C0"] * len(res["tasks"]) + ["C2"] * len(groups) + ["C1"]
     ax.bar(labels, rates, yerr=err, capsize=4 if len(labels) < 20 else 1, color=colors)
