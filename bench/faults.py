@@ -127,6 +127,7 @@ def run_all(tmp: Path, random_kills: int, repeats: int, log) -> list[Trial]:
         add(st.drain_trial(Policy.from_pretrained(good, seed=0)))
     for _ in range(max(1, repeats - 1)):
         add(st.sigterm_under_load_trial(good))
+        add(st.sigterm_under_load_trial(good, clients=16, backoff_s=0))  # a retry storm (issue #66)
     for t in drain_trials(good, repeats):
         add(t)
     return trials

@@ -3,10 +3,20 @@
     python bench/serve.py                                   # tiny preset, CPU, clients 1/4/8
     python bench/serve.py --clients 1 8 --requests 20 --max-batch 1 8
     python bench/serve.py --hold 300 --config demo --clients 200 --http-clients 50   # serve_load.json
+    python bench/serve.py --scaling                         # scale.json "serving": obs/s vs clients
+    python bench/serve.py --shutdown                        # scale.json "serve_shutdown": SIGTERM faults
 
 The server runs in its own process (``vla serve`` on a random tiny model saved to a temp folder);
 the clients are threads using the real ``openpi_client.WebsocketClientPolicy``. Reports p50/p99
 end-to-end latency, throughput, mean forward-pass batch size and errors (expected 0).
+
+``--scaling`` (issue #66 item 3): N environment workers sharing one server. For each preset
+(``--presets``, default tiny and small), ``vla serve`` unbatched (``--max-batch 1``), batched with
+no wait, and batched with a latency cap (``--max-batch 16 --max-wait-ms``), each against 1..16
+closed-loop clients (each sends its next observation when its reply arrives, as an env worker
+does): observations per second, p50/p99 latency, mean batch. Beside it, the forward pass's own cost
+in-process at batch 1 and 16 (the most any server could gain by batching on this machine). Writes
+the ``serving`` entry of bench/results/scale.json (other entries are kept).
 
 ``--hold SECONDS`` (issue #34 item 5): load held for that long, websocket clients (openpi) and HTTP
 clients (keep-alive ``POST /act``) each sending back to back; no error and no lost reply (a request
@@ -72,6 +82,22 @@ def start_server(
             break
     proc.kill()
     raise RuntimeError("server did not start")
+
+
+def cpu_info() -> dict:
+    """CPU model, the SIMD flags that decide kernel speed, cores (recorded with every CPU figure)."""
+    import platform
+
+    info = Path("/proc/cpuinfo").read_text().splitlines() if Path("/proc/cpuinfo").exists() else []
+    model = next(
+        (ln.split(":", 1)[1].strip() for ln in info if ln.startswith("model name")), platform.machine()
+    )
+    flags = next((ln.split(":", 1)[1].split() for ln in info if ln.startswith("flags")), [])
+    return {
+        "model": model,
+        "flags": [f for f in flags if f.startswith(("avx", "amx"))],
+        "cores": os.cpu_count(),
+    }
 
 
 def run_load(port: int, clients: int, requests: int, obs: dict) -> dict:
@@ -238,16 +264,28 @@ def main() -> None:
     ap.add_argument("--clients", type=int, nargs="+", default=[1, 4, 8])
     ap.add_argument("--requests", type=int, default=25, help="requests per client")
     ap.add_argument("--max-batch", type=int, nargs="+", default=[8])
+    ap.add_argument(
+        "--scaling", action="store_true", help="obs/s vs clients, unbatched and batched (scale.json)"
+    )
+    ap.add_argument("--presets", nargs="+", default=["tiny", "small"], help="with --scaling")
+    ap.add_argument("--max-wait-ms", type=float, default=5.0, help="with --scaling: the batched server's cap")
+    ap.add_argument("--min-obs", type=int, default=32, help="with --scaling: observations per row, at least")
+    ap.add_argument(
+        "--row-seconds",
+        type=float,
+        default=6.0,
+        help="with --scaling: rows of ~this many s of batch-1 passes",
+    )
+    ap.add_argument("--threads", type=int, default=2, help="with --scaling: the server's torch threads")
+    ap.add_argument("--shutdown", action="store_true", help="SIGTERM under a retry storm and large uploads")
+    ap.add_argument("--repeats", type=int, default=3, help="with --shutdown: trials of each kind")
     args = ap.parse_args()
+    if args.scaling:
+        return scaling_main(args)
+    if args.shutdown:
+        return shutdown_main(args)
     cfg = load_config(args.preset, args.config)
-    torch.manual_seed(0)
-    rng = np.random.default_rng(0)
-    s = cfg.model.vision.image_size
-    obs = {
-        "images": {c: rng.integers(0, 256, (s, s, 3), dtype=np.uint8) for c in cfg.model.camera_names},
-        "state": rng.standard_normal(cfg.model.state_dim).astype(np.float32),
-        "prompt": "pick up the red cube",
-    }
+    obs = make_obs(cfg)
     if args.hold:
         return hold_main(args, cfg, obs)
     rows = []
@@ -280,9 +318,164 @@ def main() -> None:
     print(f"wrote {path}")
 
 
+def make_obs(cfg) -> dict:
+    """One fixed observation of the config's cameras, image size and state width."""
+    torch.manual_seed(0)
+    rng = np.random.default_rng(0)
+    s = cfg.model.vision.image_size
+    return {
+        "images": {c: rng.integers(0, 256, (s, s, 3), dtype=np.uint8) for c in cfg.model.camera_names},
+        "state": rng.standard_normal(cfg.model.state_dim).astype(np.float32),
+        "prompt": "pick up the red cube",
+    }
+
+
+def forward_cost(policy_dir: Path, obs: dict, batches: tuple[int, ...], threads: int) -> dict:
+    """In-process ``Policy.infer_results`` ms per pass at each batch size (best of 3 after one warm-up):
+    the bound on what batching can buy, whatever the server does."""
+    from vlastack.infer.policy import Policy
+
+    torch.set_num_threads(threads)
+    pol = Policy.from_pretrained(policy_dir)
+    out = {}
+    for b in batches:
+        checked = [pol.check(obs) for _ in range(b)]
+        pol.infer_results(checked)
+        ts = []
+        for _ in range(3):
+            t0 = time.perf_counter()
+            pol.infer_results(checked)
+            ts.append((time.perf_counter() - t0) * 1e3)
+        out[b] = {"ms_per_pass": round(min(ts), 1), "obs_per_s": round(b * 1e3 / min(ts), 2)}
+    return out
+
+
+def scaling_main(args: argparse.Namespace) -> None:
+    import datetime
+    import math
+
+    from tqdm import tqdm
+
+    clients = sorted(set(args.clients if args.clients != [1, 4, 8] else [1, 2, 4, 8, 16]))
+    top = max(clients)
+    modes = {"unbatched": (1, 0.0), "batched_no_wait": (top, 0.0), "batched": (top, args.max_wait_ms)}
+    presets = {}
+    for preset in args.presets:
+        cfg = load_config(preset)
+        obs = make_obs(cfg)
+        with tempfile.TemporaryDirectory() as tmp:
+            model = build_model(cfg.model)
+            n_params = sum(p.numel() for p in model.parameters())
+            model.save_pretrained(tmp)
+            del model
+            fwd = forward_cost(Path(tmp), obs, (1, top), args.threads)
+            print(preset, "forward:", fwd, flush=True)
+            total = max(args.min_obs, int(fwd[1]["obs_per_s"] * args.row_seconds))
+            rows = []
+            for mode, (mb, wait) in modes.items():
+                extra = ("--max-wait-ms", str(wait), "--threads", str(args.threads))
+                proc, port = start_server(Path(tmp), mb, extra=extra, timeout_s=300)
+                try:
+                    for n in tqdm(clients, desc=f"{preset} {mode}", leave=False):
+                        row = run_load(port, n, max(2, math.ceil(total / n)), obs)
+                        rows.append({"mode": mode, "max_batch": mb, "max_wait_ms": wait, **row})
+                        print(preset, rows[-1], flush=True)
+                finally:
+                    proc.terminate()
+                    proc.wait(60)
+        rps = {(r["mode"], r["clients"]): r["throughput_rps"] for r in rows}
+        one = rps[("unbatched", 1)]
+        presets[preset] = {
+            "params_m": round(n_params / 1e6, 1),
+            "image_size": cfg.model.vision.image_size,
+            "cameras": len(cfg.model.camera_names),
+            "forward_in_process": {str(k): v for k, v in fwd.items()},
+            "batching_bound_x": round(fwd[top]["obs_per_s"] / fwd[1]["obs_per_s"], 2),
+            "rows": rows,
+            f"speedup_{top}_clients_batched_vs_1_client": round(rps[("batched", top)] / one, 2),
+            f"speedup_{top}_clients_unbatched_vs_1_client": round(rps[("unbatched", top)] / one, 2),
+        }
+        print_table(
+            rows,
+            ["mode", "clients", "requests", "p50_ms", "p99_ms", "throughput_rps", "mean_batch", "errors"],
+        )
+    path = _merge_scale(
+        "serving",
+        {
+            "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+            "cpu": cpu_info(),
+            "torch": torch.__version__,
+            "server_threads": args.threads,
+            "note": "server and clients (threads of one process, real openpi clients) share the machine; each "
+            "client is closed-loop (its next observation when its reply arrives); random weights",
+            "presets": presets,
+        },
+    )
+    print(f"wrote {path}")
+
+
+def _merge_scale(key: str, entry: dict) -> Path:
+    """Write ``entry`` as ``key`` of bench/results/scale.json, keeping the other entries."""
+    import json
+
+    from bench.common import RESULTS
+
+    path = RESULTS / "scale.json"
+    doc = json.loads(path.read_text()) if path.exists() else {}
+    doc[key] = entry
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(doc, indent=2) + "\n")
+    return path
+
+
+def shutdown_main(args: argparse.Namespace) -> None:
+    """Issue #66: ``vla serve --drain-timeout 10`` gets SIGTERM (a) while 16 HTTP clients retry at once
+    after every 503, (b) while websocket and HTTP clients upload 2000x2000 images and retry at once.
+    Target: no request that reached the server without a reply, exit within the drain timeout."""
+    import datetime
+
+    from tests.faults import serve_trials as st
+    from tests.faults.conftest import micro_policy
+
+    drain = 10.0
+    setups = {
+        "retry_storm_16http": lambda p: st.sigterm_under_load_trial(
+            p, clients=16, backoff_s=0, drain_timeout=drain
+        ),
+        "large_uploads_8ws": lambda p: st.large_upload_sigterm_trial(p, ws_clients=8, drain_timeout=drain),
+        "large_uploads_eager_24ws_10http": lambda p: st.large_upload_sigterm_trial(
+            p, ws_clients=24, http_clients=10, eager=True, drain_timeout=drain
+        ),
+    }
+    out = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        good = micro_policy(Path(tmp) / "good-policy")
+        for name, fn in setups.items():
+            rows = []
+            for i in range(args.repeats):
+                t = fn(good)
+                rows.append({"ok": t.ok, **t.detail})
+                print(f"{name} #{i + 1}: ok={t.ok} {t.detail}", flush=True)
+            out[name] = {
+                "trials": len(rows),
+                "passed": sum(r["ok"] for r in rows),
+                "exit_s_max": max(r["exit_s"] for r in rows),
+                "lost_max": max(r.get("lost", 0) for r in rows),
+                "rows": rows,
+            }
+    entry = {
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "cpu": cpu_info(),
+        "torch": torch.__version__,
+        "drain_timeout_s": drain,
+        "target": "every request that reached the server answered (lost 0); exit within the drain timeout + 2 s",
+        "trials": out,
+    }
+    print(f"wrote {_merge_scale('serve_shutdown', entry)}")
+
+
 def hold_main(args: argparse.Namespace, cfg, obs: dict) -> None:
     import datetime
-    import platform
 
     torch.manual_seed(0)
     with tempfile.TemporaryDirectory() as tmp:
@@ -296,19 +489,13 @@ def hold_main(args: argparse.Namespace, cfg, obs: dict) -> None:
             proc.terminate()
             rc = proc.wait(60)
     row["server_exit_code"] = rc
-    info = Path("/proc/cpuinfo").read_text().splitlines()
-    model = next(
-        (ln.split(":", 1)[1].strip() for ln in info if ln.startswith("model name")), platform.machine()
-    )
-    flags = next((ln.split(":", 1)[1].split() for ln in info if ln.startswith("flags")), [])
-    flags = [f for f in flags if f.startswith(("avx", "amx"))]
     payload = {
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "policy": f"preset {args.preset}"
         + (f" + {args.config}.yaml" if args.config else "")
         + ", random weights",
         "max_batch": args.max_batch[0],
-        "cpu": {"model": model, "flags": flags, "cores": os.cpu_count()},
+        "cpu": cpu_info(),
         "torch": torch.__version__,
         "note": "clients and server share the same 2 cores; latencies include the clients' own Python time",
         **row,

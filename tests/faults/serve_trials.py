@@ -276,6 +276,63 @@ def drain_trial(policy: Any) -> Trial:
     return Trial("request_during_drain", ok, dt, got)
 
 
+def drain_timeout_trial(
+    policy: Any, clients: int = 6, delay: float = 0.6, drain_timeout: float = 1.0
+) -> Trial:
+    """Issue #66: more work in flight at the stop than the drain timeout allows (``clients``
+    websocket requests, one ``delay`` s forward pass each, ``max_batch`` 1). Each client still gets
+    a reply before its close: actions, or an explicit "shutting down" error, never the bare close;
+    the server is done within the drain timeout plus one forward pass and the closing steps."""
+    from openpi_client.websocket_client_policy import WebsocketClientPolicy
+
+    from vlastack.infer.server import PolicyServer, ServerThread
+
+    srv = PolicyServer(SlowPolicy(policy, delay), port=0, max_batch=1, drain_timeout_s=drain_timeout)
+    th = ServerThread(srv)
+    th.__enter__()
+    got: list[str] = []
+    lock = threading.Lock()
+    try:
+        conns = [WebsocketClientPolicy(HOST, srv.port) for _ in range(clients)]
+
+        def one(c: Any, i: int) -> None:
+            try:
+                c.infer(make_obs(i))
+                r = "actions"
+            except RuntimeError as e:
+                r = "shutting down" if "shutting down" in str(e) else f"error: {str(e)[:60]}"
+            except Exception as e:  # a close without a reply
+                r = f"NO REPLY ({type(e).__name__})"
+            with lock:
+                got.append(r)
+
+        threads = [threading.Thread(target=one, args=(c, i), daemon=True) for i, c in enumerate(conns)]
+        for t in threads:
+            t.start()
+        deadline = time.time() + 30
+        while srv.metrics.in_flight < clients and time.time() < deadline:
+            time.sleep(0.005)
+        t0 = time.perf_counter()
+        th.loop.call_soon_threadsafe(th.stop_event.set)
+        for t in threads:
+            t.join(30)
+        th.thread.join(30)
+        dt = time.perf_counter() - t0
+    finally:
+        th.__exit__(None, None, None)
+    kinds = {k: got.count(k) for k in sorted(set(got))}
+    ok = (
+        len(got) == clients
+        and set(kinds) <= {"actions", "shutting down"}
+        and kinds.get("shutting down", 0) > 0  # the timeout was reached: the case under test
+        and srv.unanswered == 0
+        and dt <= drain_timeout + delay + 2.0
+    )
+    return Trial(
+        "drain_timeout_in_flight", ok, dt, {"replies": kinds, "unanswered": srv.unanswered, "s": round(dt, 2)}
+    )
+
+
 # ----------------------------------------------------------------------------- vla serve + SIGTERM
 
 
@@ -309,11 +366,14 @@ def sigterm_and_wait(proc: subprocess.Popen, timeout: float = 60) -> tuple[int |
     return rc, time.perf_counter() - t0
 
 
-def sigterm_under_load_trial(policy_dir: Path, clients: int = 8) -> Trial:
-    """``vla serve`` gets SIGTERM while clients keep sending (on fresh connections, backing off 20 ms
-    after a 503): every request that reached the server gets a reply (200, or 503 while draining);
-    afterwards connections are refused, never reset half-way; the process exits 0."""
-    proc, _, hport = start_cli_server(policy_dir)
+def sigterm_under_load_trial(
+    policy_dir: Path, clients: int = 8, backoff_s: float = 0.02, drain_timeout: float = 10.0
+) -> Trial:
+    """``vla serve`` gets SIGTERM while clients keep sending (on fresh connections, backing off
+    ``backoff_s`` after a 503; 0: a retry storm): every request that reached the server gets a reply
+    (200, or 503 while draining); afterwards connections are refused, never reset half-way; the
+    process exits 0 within ``drain_timeout`` (+2 s for the exit; a storm once held it 28.6 s)."""
+    proc, _, hport = start_cli_server(policy_dir, "--drain-timeout", str(drain_timeout))
     stop = threading.Event()
     results: list[str] = []
     lock = threading.Lock()
@@ -331,8 +391,8 @@ def sigterm_under_load_trial(policy_dir: Path, clients: int = 8) -> Trial:
                 results.append(r)
             if r == "refused":
                 return
-            if r == "503":  # a client that honours "shutting down" backs off before retrying
-                time.sleep(0.02)
+            if r == "503" and backoff_s:  # a client that honours "shutting down" backs off first
+                time.sleep(backoff_s)
 
     threads = [threading.Thread(target=client, args=(i,), daemon=True) for i in range(clients)]
     for t in threads:
@@ -344,8 +404,9 @@ def sigterm_under_load_trial(policy_dir: Path, clients: int = 8) -> Trial:
         t.join(30)
     kinds = {k: results.count(k) for k in sorted(set(results))}
     bad = {k: v for k, v in kinds.items() if k not in ("200", "503", "refused")}
-    ok = rc == 0 and not bad and kinds.get("200", 0) > 0
-    return Trial("sigterm_under_load", ok, dt, {"rc": rc, "replies": kinds})
+    ok = rc == 0 and not bad and kinds.get("200", 0) > 0 and dt <= drain_timeout + 2
+    name = "sigterm_under_load" + ("" if backoff_s else "_retry_storm")
+    return Trial(name, ok, dt, {"rc": rc, "exit_s": round(dt, 2), "replies": kinds})
 
 
 def large_upload_sigterm_trial(

@@ -313,3 +313,108 @@ def test_fast_server_serves_plain_and_real_time_chunking(tmp_path, variant):
         for i, req in enumerate(reqs):
             got, want = client.infer(req)["actions"], ref.infer(req)["actions"]
             np.testing.assert_allclose(got, want, atol=1e-4, rtol=1e-4, err_msg=f"request {i}")
+
+
+class _CountingPolicy:
+    """A stand-in policy: records the size of each forward pass."""
+
+    def __init__(self) -> None:
+        self.batches: list[int] = []
+
+    def infer_results(self, obs: list) -> list[dict]:
+        self.batches.append(len(obs))
+        return [{"actions": np.zeros((2, 3), np.float32)} for _ in obs]
+
+
+def test_batcher_latency_cap_gathers_staggered_requests():
+    from vlastack.infer.metrics import Metrics
+    from vlastack.infer.server import Batcher
+
+    # Environments that step out of lockstep: with a 5 s cap, three observations 20 ms apart share
+    # one pass (max_batch 3 ends the wait early); the cap is an upper bound, so no timing can flip it.
+    pol = _CountingPolicy()
+    b = Batcher(pol, max_batch=3, metrics=Metrics(), max_wait_ms=5000)
+    t0 = time.perf_counter()
+    futs = []
+    for i in range(3):
+        futs.append(b.submit(make_obs(i)))
+        time.sleep(0.02)
+    sizes = [f.result(30)[1]["batch_size"] for f in futs]
+    assert sizes == [3, 3, 3] and pol.batches == [3] and time.perf_counter() - t0 < 5
+    # A lone observation waits for the cap, then goes alone (its queue_ms says how long it waited).
+    f = b.submit(make_obs(9))
+    b2 = Batcher(_CountingPolicy(), max_batch=8, metrics=Metrics(), max_wait_ms=100)
+    out, timing = b2.submit(make_obs(0)).result(30)
+    assert timing["batch_size"] == 1 and timing["queue_ms"] >= 99 and out["actions"].shape == (2, 3)
+    b2.close()
+    b.close()  # the queued one is answered before the thread stops
+    assert f.result(1)[1]["batch_size"] == 1
+    with pytest.raises(ValueError, match="max_wait_ms"):
+        Batcher(pol, max_batch=2, metrics=Metrics(), max_wait_ms=-1)
+
+
+def test_batcher_answers_what_is_queued_behind_a_stop():
+    from vlastack.infer.metrics import Metrics
+    from vlastack.infer.server import Batcher, Unavailable
+
+    go = threading.Event()
+
+    class Held(_CountingPolicy):  # holds the first pass until the queue is laid out
+        def infer_results(self, obs: list) -> list[dict]:
+            go.wait(30)
+            return super().infer_results(obs)
+
+    b = Batcher(Held(), max_batch=4, metrics=Metrics())
+    first = b.submit(make_obs(0))
+    while not b.q.empty():  # the thread took it and sits in the held pass
+        time.sleep(0.001)
+    second = b.submit(make_obs(1))
+    b.q.put(None)  # a stop, then a request that slipped in behind it
+    late = b.submit(make_obs(2))
+    go.set()
+    b.thread.join(30)
+    assert first.result(1)[1]["batch_size"] == 1 and second.result(1)[1]["batch_size"] == 1
+    with pytest.raises(Unavailable):
+        late.result(1)
+
+
+def test_batcher_abandon_fails_what_has_not_started():
+    from vlastack.infer.metrics import Metrics
+    from vlastack.infer.server import Batcher, Unavailable
+
+    go = threading.Event()
+
+    class Held(_CountingPolicy):
+        def infer_results(self, obs: list) -> list[dict]:
+            go.wait(30)
+            return super().infer_results(obs)
+
+    b = Batcher(Held(), max_batch=1, metrics=Metrics())
+    running = b.submit(make_obs(0))
+    while not b.q.empty():
+        time.sleep(0.001)
+    queued = [b.submit(make_obs(i)) for i in range(1, 4)]
+    assert b.abandon("drain timeout") == 3
+    go.set()
+    b.close()
+    assert running.result(1)[1]["batch_size"] == 1  # a pass under way finishes
+    for f in queued:
+        with pytest.raises(Unavailable, match="drain timeout"):
+            f.result(1)
+
+
+def test_pick_threads_counts_free_cpus(monkeypatch):
+    from vlastack.infer import threads
+
+    monkeypatch.setattr(threads, "usable_cpus", lambda: 4)
+    monkeypatch.setattr(threads, "idle_cpus", lambda s: 1.2)
+    assert threads.pick_threads()[0] == 1
+    monkeypatch.setattr(threads, "idle_cpus", lambda s: 0.1)
+    assert threads.pick_threads()[0] == 1  # never 0
+    monkeypatch.setattr(threads, "idle_cpus", lambda s: 7.9)  # a big machine, a small cpuset
+    assert threads.pick_threads()[0] == 4
+    monkeypatch.setattr(threads, "idle_cpus", lambda s: None)
+    assert threads.pick_threads()[0] == 4
+    assert threads.pick_threads(3)[0] == 3
+    with pytest.raises(ValueError, match="--threads"):
+        threads.pick_threads(0)

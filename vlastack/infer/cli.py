@@ -19,7 +19,18 @@ def _serve(args: argparse.Namespace) -> int:
 
     if args.max_batch < 1 or args.max_message_mb <= 0:
         raise ValueError("--max-batch must be >= 1 and --max-message-mb > 0")
+    if not args.max_wait_ms >= 0:
+        raise ValueError(f"--max-wait-ms must be >= 0, got {args.max_wait_ms}")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    log = logging.getLogger("vlastack.serve")
+    if args.device == "cpu":
+        import torch
+
+        from vlastack.infer.threads import pick_threads
+
+        threads, why = pick_threads(args.threads)
+        torch.set_num_threads(threads)
+        log.info("torch threads: %s", why)
     decoding = parse_decoding(args.decode)
     policy = Policy.from_pretrained(
         args.policy,
@@ -35,7 +46,6 @@ def _serve(args: argparse.Namespace) -> int:
         guidance_max=args.guidance_max,
     )
     if args.warmup:  # before listening: the first client gets a warm policy
-        log = logging.getLogger("vlastack.serve")
         log.info("warming up (compile and capture each sampler once)...")
         log.info("warm-up seconds per sampling method: %s", policy.warmup("all"))
     server = PolicyServer(
@@ -47,6 +57,7 @@ def _serve(args: argparse.Namespace) -> int:
         max_batch=args.max_batch,
         max_message_bytes=int(args.max_message_mb * 2**20),
         drain_timeout_s=args.drain_timeout,
+        max_wait_ms=args.max_wait_ms,
     )
     run(server)
     return 0
@@ -77,6 +88,19 @@ def register(sub, groups) -> None:
     )
     p.add_argument("--token", default=None, help="require 'Authorization: Bearer|Api-Key TOKEN'")
     p.add_argument("--max-batch", type=int, default=8, help="observations per forward pass")
+    p.add_argument(
+        "--max-wait-ms",
+        type=float,
+        default=0.0,
+        help="latency cap of dynamic batching: wait up to this long after the oldest queued observation "
+        "for more to join its forward pass (default 0: batch what queued during the last pass)",
+    )
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="torch threads on the CPU (default: the CPUs idle at start, at least 1; logged)",
+    )
     p.add_argument("--max-message-mb", type=float, default=16.0, help="largest accepted message")
     p.add_argument(
         "--drain-timeout",

@@ -95,12 +95,29 @@ def _finite_or_raise(result: dict) -> dict:
 
 class Batcher:
     """One inference thread. ``submit`` queues a checked observation and returns a Future of
-    ``(actions float32 [H, A], timing dict)``; queued observations are micro-batched."""
+    ``(actions float32 [H, A], timing dict)``; queued observations are batched dynamically.
 
-    def __init__(self, policy: Policy, max_batch: int, metrics: Metrics, max_queue: int = 1024) -> None:
+    A forward pass takes what is queued, up to ``max_batch``. With ``max_wait_ms`` > 0 it waits up
+    to that long after the oldest queued observation arrived for more to come (the latency cap):
+    N environment workers stepping in lockstep then share one pass instead of N, at most
+    ``max_wait_ms`` later. With 0 (the default) it never waits: what queued during the previous
+    pass is the batch, which already batches a saturated server.
+    """
+
+    def __init__(
+        self,
+        policy: Policy,
+        max_batch: int,
+        metrics: Metrics,
+        max_queue: int = 1024,
+        max_wait_ms: float = 0.0,
+    ) -> None:
         if max_batch < 1:
             raise ValueError(f"max_batch must be >= 1, got {max_batch}")
+        if not max_wait_ms >= 0:
+            raise ValueError(f"max_wait_ms must be >= 0, got {max_wait_ms}")
         self.policy, self.max_batch, self.metrics = policy, max_batch, metrics
+        self.max_wait_s = max_wait_ms / 1e3
         self.q: queue.Queue = queue.Queue(maxsize=max_queue)
         self.thread = threading.Thread(target=self._run, name="vla-infer", daemon=True)
         self.thread.start()
@@ -113,21 +130,32 @@ class Batcher:
             raise Unavailable("server queue is full; retry later") from None
         return fut
 
+    def _gather(self, first: tuple) -> tuple[list, bool]:
+        """``first`` and what follows it into one batch -> (items, stop seen)."""
+        items = [first]
+        deadline = first[2] + self.max_wait_s  # from the oldest one's arrival: its wait is capped
+        while len(items) < self.max_batch:
+            left = deadline - time.perf_counter()
+            try:
+                nxt = self.q.get(timeout=left) if left > 0 else self.q.get_nowait()
+            except queue.Empty:
+                break
+            if nxt is None:  # stop: this batch still runs, then the thread ends
+                return items, True
+            items.append(nxt)
+        return items, False
+
     def _run(self) -> None:
-        while True:
+        stop = False
+        while not stop:
             item = self.q.get()
             if item is None:
                 return
-            items = [item]
-            while len(items) < self.max_batch:
-                try:
-                    nxt = self.q.get_nowait()
-                except queue.Empty:
-                    break
-                if nxt is None:  # keep the stop signal for after this batch
-                    self.q.put(None)
-                    break
-                items.append(nxt)
+            items, stop = self._gather(item)
+            # A request whose waiter gave up (the drain timeout cancels it) is not computed.
+            items = [it for it in items if it[1].set_running_or_notify_cancel()]
+            if not items:
+                continue
             t0 = time.perf_counter()
             try:
                 results = self.policy.infer_results([o for o, _, _ in items])
@@ -145,6 +173,30 @@ class Batcher:
                 except NonFiniteOutput as e:
                     log.warning("request refused: %s", e)
                     fut.set_exception(e)
+        # a stop seen inside a batch: what was queued behind it still gets its answer
+        while True:
+            try:
+                item = self.q.get_nowait()
+            except queue.Empty:
+                return
+            if item is not None and item[1].set_running_or_notify_cancel():
+                item[1].set_exception(Unavailable("server is shutting down"))
+
+    def abandon(self, reason: str) -> int:
+        """Fail every queued observation not yet in a forward pass with ``Unavailable(reason)`` (the
+        drain timeout: what has not started cannot finish in time) -> how many."""
+        n = 0
+        while True:
+            try:
+                item = self.q.get_nowait()
+            except queue.Empty:
+                return n
+            if item is None:  # a stop already queued stays queued
+                self.q.put(None)
+                return n
+            if item[1].set_running_or_notify_cancel():  # (False: its waiter already gave up)
+                item[1].set_exception(Unavailable(reason))
+                n += 1
 
     def close(self) -> None:
         """Finish everything queued, then stop the thread."""
@@ -189,8 +241,15 @@ class _HTTPServer(ThreadingHTTPServer):
         the accept backlog (closing a listener resets those: to a client, no reply). Then wait up to
         ``wait_s`` for open connections to finish, so no reply is cut off when the process exits
         (every reply while draining closes its connection; only idle keep-alive ones can wait)."""
+        # Clients that retry at once after a 503 refill the backlog as fast as it is answered (a retry
+        # storm once held the exit 28.6 s): shrink it first, so new connections wait in the kernel
+        # for a slot and are refused once the socket closes, then answer what is queued, for a
+        # bounded time.
+        with contextlib.suppress(OSError):
+            self.socket.listen(0)
         self.socket.setblocking(False)
-        while True:
+        stop_at = time.monotonic() + min(1.0, max(wait_s / 2, 0.1))
+        while time.monotonic() < stop_at:
             try:
                 request, addr = self.socket.accept()
             except OSError:  # BlockingIOError: the backlog is empty
@@ -264,6 +323,7 @@ class PolicyServer:
         max_message_bytes: int = 16 * 2**20,
         drain_timeout_s: float = 10.0,
         drain_grace_s: float = 0.2,
+        max_wait_ms: float = 0.0,
     ) -> None:
         self.policy, self.host, self.port = policy, host, port
         self.http_port = port + 1 if http_port is None and port else (http_port or 0)
@@ -272,11 +332,16 @@ class PolicyServer:
         cfg = getattr(policy, "cfg", None)  # (test doubles may have none)
         tokens = cfg is not None and cfg.head_spec.action_tokens  # its decode counters
         self.metrics = Metrics(decode_stats=(lambda: dict(policy.decode_stats)) if tokens else None)
-        self.batcher = Batcher(policy, max_batch, self.metrics)
-        self.metadata = policy.metadata | {"max_message_bytes": max_message_bytes, "max_batch": max_batch}
+        self.batcher = Batcher(policy, max_batch, self.metrics, max_wait_ms=max_wait_ms)
+        self.metadata = policy.metadata | {
+            "max_message_bytes": max_message_bytes,
+            "max_batch": max_batch,
+            "max_wait_ms": max_wait_ms,
+        }
         self.draining = False
         self.unanswered = 0  # websocket messages that arrived before a close and got no reply
         self._drain_started: asyncio.Event | None = None  # made on the serving loop
+        self._drain_deadline: asyncio.Event | None = None  # set when the drain timeout is reached
         # msgpack decoding and the observation check of a large image take tens of ms: off the loop
         self._decoder = concurrent.futures.ThreadPoolExecutor(2, thread_name_prefix="vla-decode")
         self.ready = threading.Event()
@@ -367,8 +432,10 @@ class PolicyServer:
             if len(msg) <= INLINE_DECODE_BYTES:
                 fut = self._ws_act(msg)
             else:
-                fut = await asyncio.get_running_loop().run_in_executor(self._decoder, self._ws_act, msg)
-            result, timing = await asyncio.wrap_future(fut)
+                fut = await self._before_deadline(
+                    asyncio.get_running_loop().run_in_executor(self._decoder, self._ws_act, msg)
+                )
+            result, timing = await self._before_deadline(asyncio.wrap_future(fut))
             await ws.send(packb(self._reply(result, timing, t0)))
             ws.answered += 1
             self.metrics.request("ws", "ok", time.perf_counter() - t0)
@@ -390,12 +457,31 @@ class PolicyServer:
         finally:
             self.metrics.add("in_flight", -1)
 
+    async def _before_deadline(self, aw: Any) -> Any:
+        """``await aw``, unless the drain timeout comes first: then ``Unavailable``, so the request
+        gets an explicit "shutting down" reply before its connection is closed, never the bare close."""
+        task = asyncio.ensure_future(aw)
+        if self._drain_deadline is None:
+            return await task
+        gate = asyncio.ensure_future(self._drain_deadline.wait())
+        try:
+            await asyncio.wait({task, gate}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            gate.cancel()
+        if task.done():
+            return task.result()
+        task.cancel()  # the batcher may still run it; its answer has nobody left to go to
+        raise Unavailable(
+            f"server is shutting down: no answer within the {self.drain_timeout_s:g} s drain timeout"
+        )
+
     # ------------------------------------------------------------------ lifecycle
 
     async def serve(self, stop: asyncio.Event) -> None:
         """Serve until ``stop`` is set; then drain (module docstring) and return."""
         httpd = None
         self._drain_started = asyncio.Event()
+        self._drain_deadline = asyncio.Event()
         with _port_in_use("--port", self.host, self.port):
             listener = await serve(
                 self._ws_handler,
@@ -431,10 +517,16 @@ class PolicyServer:
             # websockets close themselves once quiet (``_next_message``); wait for that, bounded
             while self.metrics.connections > 0 and time.monotonic() < deadline:
                 await asyncio.sleep(0.01)
+            # The timeout: what is still queued or waiting gets "shutting down" now (sent during the
+            # grace sleep below), not a bare close, and the exit does not wait for its forward pass.
+            reason = f"server is shutting down: no answer within the {self.drain_timeout_s:g} s drain timeout"
+            abandoned = self.batcher.abandon(reason)
+            self._drain_deadline.set()
             log.info(
                 "shutting down: %d request(s) in flight at the signal, %d answered in %.1f s%s%s",
                 at_stop, at_stop - min(left, at_stop), time.monotonic() - t0,
-                f", {left} still running at the {self.drain_timeout_s:g} s drain timeout" if left else "",
+                f", {left} still running at the {self.drain_timeout_s:g} s drain timeout ({abandoned} not "
+                "started), told so" if left else "",
                 f", {self.metrics.connections} websocket(s) still sending, closed" if self.metrics.connections
                 else "",
             )  # fmt: skip
