@@ -71,6 +71,11 @@ def test_metadata_as_lerobot_reads_it(view, dataset):
         k: {"dtype": f["dtype"], "shape": list(f["shape"]), "names": f.get("names")}
         for k, f in info["features"].items()
     }
+    # The fixture was frozen before the generator recorded LeRobot's per-frame reward and success:
+    # they must be declared exactly as lerobot/metaworld_mt50's meta/info.json declares them.
+    for key, dtype in (("next.reward", "float32"), ("next.success", "bool")):
+        if key not in meta["features"]:
+            assert ours.pop(key) == {"dtype": dtype, "shape": [1], "names": None}, key
     assert ours == meta["features"]
 
 

@@ -56,6 +56,12 @@ def test_settle_records_expert_steps_after_the_success():
     env.close()
     assert base["success"] and more["success"] and more["length"] == base["length"] + 5
     np.testing.assert_array_equal(more["action"][: base["length"]], base["action"])
+    # next.success / next.reward: the success is the step that ended the base episode.
+    n = base["length"]
+    assert base["next_success"][-1] and not base["next_success"][:-1].any()
+    np.testing.assert_array_equal(more["next_success"][:n], base["next_success"])
+    np.testing.assert_array_equal(more["reward"][:n], base["reward"])
+    assert len(more["reward"]) == len(more["next_success"]) == more["length"]
 
 
 def test_the_belt_moves_the_target_and_the_switch_moves_the_color():

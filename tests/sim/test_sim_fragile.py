@@ -60,6 +60,8 @@ def test_the_evaluator_records_spills_under_delay():
 
 
 def test_fragile_data_records_the_velocity_and_cannot_mix_state_sizes(tmp_path):
+    import pyarrow.parquet as pq
+
     from vlastack.sim.generate import OWN_SUITES, generate
 
     assert tuple(SUITES) == OWN_SUITES
@@ -68,6 +70,9 @@ def test_fragile_data_records_the_velocity_and_cannot_mix_state_sizes(tmp_path):
     info = json.loads((tmp_path / "d" / "meta" / "info.json").read_text())
     names = info["features"]["observation.state"]["names"]
     assert names[-3:] == ["ee_vx", "ee_vy", "ee_vz"] and len(names) == 8
+    assert info["features"]["next.success"] == {"dtype": "bool", "shape": [1], "names": None}
+    ok = pq.read_table(tmp_path / "d" / "data/chunk-000/file-000.parquet", columns=["next.success"])
+    assert ok.column(0).to_pylist().count(True) == 2  # each episode's last step, spill-free
     with pytest.raises(ValueError, match="different sizes"):
         generate(tmp_path / "e", suite="builtin", tasks=("reach", "carry"), episodes=2, workers=0,
                  image_size=16, cameras=("scene",), progress=False)  # fmt: skip

@@ -7,6 +7,7 @@ import json
 
 import numpy as np
 import pytest
+import torch
 
 from vlastack.data.reader import LeRobotDataset
 from vlastack.sim import cli as sim_cli
@@ -50,6 +51,61 @@ def test_generate_is_reproducible_and_in_process(tmp_path):
     ta = (tmp_path / "a/data/chunk-000/file-000.parquet").read_bytes()
     tb = (tmp_path / "b/data/chunk-000/file-000.parquet").read_bytes()
     assert ta == tb
+
+
+def test_generate_records_reward_and_success_like_lerobot(tmp_path):
+    """``next.reward`` float32 [1] and ``next.success`` bool [1] per frame, declared as LeRobot's sim
+    datasets declare them: the outcome of the frame's step. A scripted episode (no settle) succeeds
+    on its last step only; the built-in suite's reward is 1.0 there. The same seeds write the same
+    bytes, and training samples ignore the columns (a copy without them, as an older dataset or
+    LeRobot's own may be, gives the same samples)."""
+    import shutil
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from vlastack.config import load_config
+    from vlastack.data.samples import VLADataset
+    from vlastack.sim.generate import REWARD_KEY, SUCCESS_KEY
+
+    kw = {"tasks": ("reach", "push"), "episodes": 3, "workers": 0, "image_size": 16, "noise": 0.1, "seed": 11,
+          "progress": False}  # fmt: skip
+    generate(tmp_path / "a", **kw)
+    generate(tmp_path / "b", **kw)
+    info = json.loads((tmp_path / "a/meta/info.json").read_text())
+    assert info["features"][REWARD_KEY] == {"dtype": "float32", "shape": [1], "names": None}
+    assert info["features"][SUCCESS_KEY] == {"dtype": "bool", "shape": [1], "names": None}
+    data = "data/chunk-000/file-000.parquet"
+    schema = pq.read_schema(tmp_path / "a" / data)
+    assert schema.field(REWARD_KEY).type == pa.float32() and schema.field(SUCCESS_KEY).type == pa.bool_()
+    ds = LeRobotDataset(tmp_path / "a")
+    reward, success = ds.columns[REWARD_KEY], ds.columns[SUCCESS_KEY]
+    assert reward.dtype == np.float32 and success.dtype == np.bool_
+    assert reward.shape == success.shape == (len(ds),)
+    for k in range(ds.num_episodes):
+        lo, hi = ds.episode_range(k)
+        assert success[hi - 1] and not success[lo : hi - 1].any(), k
+        np.testing.assert_array_equal(reward[lo:hi], success[lo:hi].astype(np.float32))
+    assert ds.stats[SUCCESS_KEY]["max"].tolist() == [1.0] and ds.stats[REWARD_KEY]["min"].tolist() == [0.0]
+    for rel in (data, "meta/episodes/chunk-000/file-000.parquet", "meta/stats.json", "meta/info.json"):
+        assert (tmp_path / "a" / rel).read_bytes() == (tmp_path / "b" / rel).read_bytes(), rel
+
+    old = tmp_path / "old"  # the same dataset without the columns
+    shutil.copytree(tmp_path / "a", old)
+    pq.write_table(pq.read_table(old / data).drop_columns([REWARD_KEY, SUCCESS_KEY]), old / data)
+    for rel in ("meta/info.json", "meta/stats.json"):
+        meta = json.loads((old / rel).read_text())
+        for key in (REWARD_KEY, SUCCESS_KEY):
+            (meta["features"] if rel.endswith("info.json") else meta).pop(key)
+        (old / rel).write_text(json.dumps(meta))
+    cfg = load_config("tiny", overrides=["model.camera_names=[scene,wrist]"])
+    new_ds, old_ds = VLADataset(cfg, tmp_path / "a"), VLADataset(cfg, old)
+    assert REWARD_KEY not in old_ds.ds.columns
+    for i in (0, len(new_ds) - 1):
+        s, t = new_ds[i], old_ds[i]
+        assert s.keys() == t.keys() and not any("reward" in k or "success" in k for k in s)
+        for key in s:
+            assert torch.equal(s[key], t[key]), (i, key)
 
 
 def test_generate_rejects_seeds_overlapping_evaluation(tmp_path):
@@ -184,7 +240,7 @@ def test_per_task_generation_resumes_after_an_interruption(tmp_path, monkeypatch
     assert set(calls) == {"push"} and not (tmp_path / "ds.parts").exists()  # reach was not re-run
     assert resumed["episodes"] == full["episodes"] == 4 and resumed["frames"] == full["frames"]
     a, b = LeRobotDataset(tmp_path / "full"), LeRobotDataset(tmp_path / "ds")
-    for key in ("observation.state", "action", "episode_index", "task_index"):
+    for key in ("observation.state", "action", "next.reward", "next.success", "episode_index", "task_index"):
         np.testing.assert_array_equal(np.asarray(a.columns[key]), np.asarray(b.columns[key]))
     for i in range(0, len(a), 7):
         assert np.array_equal(

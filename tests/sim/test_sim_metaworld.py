@@ -103,6 +103,15 @@ def test_metaworld_generate_train_eval_like_lerobot(tmp_path, capsys):
     ds = LeRobotDataset(data)
     first = ds[0]
     assert first["task"] == "Reach a goal position" and int(np.asarray(first["task_id"]).reshape(-1)[0]) == 40
+    # LeRobot's per-frame outcome columns: Meta-World's shaped reward and its success flag after the step.
+    assert ft["next.reward"] == {"dtype": "float32", "shape": [1], "names": None}
+    assert ft["next.success"] == {"dtype": "bool", "shape": [1], "names": None}
+    reward, success = ds.columns["next.reward"], ds.columns["next.success"]
+    assert reward.dtype == np.float32 and success.dtype == np.bool_
+    for k in range(ds.num_episodes):
+        lo, hi = ds.episode_range(k)
+        assert success[hi - 1] and not success[lo : hi - 1].any(), k
+        assert len(np.unique(reward[lo:hi])) > 2 and (reward[lo:hi] >= 0).all(), k  # shaped, not 0/1
     uv = np.stack([ds[i]["observation.environment_uv.image"] for i in range(len(ds))])
     ds.close()
     # `vla data add-uv` (for data made without it, e.g. LeRobot's own) computes the generator's values.
@@ -192,10 +201,15 @@ def test_blind_expert_pass_plays_the_rendered_episode():
         assert a["success"] and b["success"] and a["length"] == b["length"]
         np.testing.assert_array_equal(a["action"], b["action"])
         np.testing.assert_array_equal(a["env_state"], b["env_state"])
+        for key in ("reward", "next_success"):
+            np.testing.assert_array_equal(a[key], b[key])
+        assert a["next_success"][-1] and a["reward"].dtype == np.float32
         done = gen._job("box-close-v3", 0, kw, 0.0)  # blind, then rendered
         np.testing.assert_array_equal(done["images"]["image"], a["images"]["image"])
+        np.testing.assert_array_equal(done["reward"], a["reward"])
         failed = gen._job("box-close-v3", 7, kw, 0.0)  # blind only: ~1 ms a step, not ~0.1 s
         assert failed["success"] is False and failed["length"] == 500 and "images" not in failed
+        assert "reward" not in failed and "next_success" not in failed
     finally:
         for env in [seen, blind, *gen._ENVS.values()]:
             env.close()

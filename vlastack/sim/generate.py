@@ -32,6 +32,13 @@ object the instruction names and its goal, metres; ``env.privileged_state()``) p
 LeRobot does for privileged simulator state, and ``observation.environment_uv.<camera>``: where
 each camera images those two points (fractions of the image, ``SimCore.project``). ``model.grounding``
 trains on them; policies never receive them.
+
+Every suite also records, as LeRobot's sim datasets do (``lerobot/metaworld_mt50``, PushT, ...),
+``next.reward`` (float32 [1]) and ``next.success`` (bool [1]) per frame: the reward the env gave for
+the step that frame's action led to, and its ``info["success"]`` after that step. Meta-World's reward
+is its own shaped one (``MetaWorldEnv.step`` passes it on, as LeRobot's environment does); the
+built-in suites' is 1.0 on success, else 0.0. Without ``settle`` only an episode's last frame is a
+success. Training ignores both (``data.samples`` picks its keys).
 """
 
 from __future__ import annotations
@@ -59,6 +66,8 @@ ACTION_NAMES = ["dx", "dy", "dz", "grip"]
 ABSOLUTE_ACTION_NAMES = ["x", "y", "z", "grip"]
 ENV_STATE_NAMES = ["object_x", "object_y", "object_z", "goal_x", "goal_y", "goal_z"]
 ENV_UV_NAMES = ["object_u", "object_v", "goal_u", "goal_v"]
+# Per-frame outcome of the frame's step, declared as LeRobot declares them (lerobot/metaworld_mt50).
+REWARD_KEY, SUCCESS_KEY = "next.reward", "next.success"
 # name -> (pix_fmt, crf): "standard" is LeRobot's yuv420p; "lossless" keeps the exact rendered
 # colors, so training frames match what a policy sees from the simulator (see data/video.py).
 VIDEO_QUALITY = {"standard": ("yuv420p", None), "lossless": ("yuv444p", 0)}
@@ -68,7 +77,9 @@ _ENVS: dict[tuple, Any] = {}  # (task, env kwargs) -> env, reused across jobs in
 def rollout_expert(
     env, seed: int, noise: float = 0.0, privileged: bool = False, settle: int = 0
 ) -> dict[str, Any]:
-    """One expert episode -> {success, prompt, length, images {cam: uint8 [T,H,W,3]}, state, action}.
+    """One expert episode -> {success, prompt, length, images {cam: uint8 [T,H,W,3]}, state, action,
+    reward, next_success}: ``reward`` float32 [T] is what ``env.step`` returned for each frame's step,
+    ``next_success`` bool [T] its ``info["success"]`` after that step.
 
     ``privileged``: also record ``env.privileged_state()`` per step as ``"privileged"`` float32 [T, 6]
     and ``env.privileged_uv()`` as ``"privileged_uv"`` {cam: float32 [T, 4]}. ``settle``: after a
@@ -80,6 +91,8 @@ def rollout_expert(
     rng = np.random.default_rng([seed, 7])
     imgs: dict[str, list] = {c: [] for c in obs["images"]}
     states, actions, keys, ok = [], [], [], False
+    rewards: list[float] = []
+    successes: list[bool] = []
     uvs: dict[str, list] = {c: [] for c in obs["images"]}
     raws: list[np.ndarray] = []
     has_raw = hasattr(env, "raw_state")  # Meta-World: the 39-dim state LeRobot stores
@@ -102,7 +115,9 @@ def rollout_expert(
             act[:3] = act[:3] + rng.normal(0.0, noise, 3) * MAX_DELTA
         elif noise > 0:
             act[:3] = np.clip(act[:3] + rng.normal(0.0, noise, 3), -1.0, 1.0)
-        obs, _, terminated, truncated, info = env.step(act)
+        obs, reward, terminated, truncated, info = env.step(act)
+        rewards.append(float(reward))
+        successes.append(bool(info.get("success", terminated)))
         if ok:
             extra += 1
             if extra >= settle:
@@ -118,6 +133,8 @@ def rollout_expert(
         "images": {c: np.stack(v) for c, v in imgs.items()},
         "state": np.stack(states).astype(np.float32),
         "action": np.stack(actions).astype(np.float32),
+        "reward": np.asarray(rewards, np.float32),
+        "next_success": np.asarray(successes, np.bool_),
     }
     if has_raw:
         ep["env_state"] = np.stack(raws)
@@ -158,7 +175,8 @@ def _job(task: str, seed: int, env_kw: dict, noise: float, settle: int = 0) -> d
     ep = rollout_expert(env(env_kw), seed, noise, privileged=privileged, settle=settle)
     ep.update(task=task, seed=seed)
     if not ep["success"]:  # don't ship frames we will not write
-        for k in ("images", "state", "action", "privileged", "privileged_uv", "env_state"):
+        per_frame = ("images", "state", "action", "reward", "next_success", "privileged", "privileged_uv")
+        for k in (*per_frame, "env_state"):
             ep.pop(k, None)
     return ep
 
@@ -181,6 +199,8 @@ def _episode_features(
     features = {camera_key(c): dict(img_ft) for c in cameras}
     features["observation.state"] = {"dtype": "float32", "shape": [state_dim], "names": None}
     features["action"] = {"dtype": "float32", "shape": [action_dim], "names": None}
+    features[REWARD_KEY] = {"dtype": "float32", "shape": [1], "names": None}
+    features[SUCCESS_KEY] = {"dtype": "bool", "shape": [1], "names": None}
     if suite in OWN_SUITES:
         extra = state_dim - len(STATE_NAMES)  # fragile families: + the velocity
         features["observation.state"]["names"] = STATE_NAMES + VELOCITY_NAMES[: max(0, extra)]
@@ -330,6 +350,7 @@ def _generate(
     def write(ep: dict) -> None:
         data = {camera_key(c): ep["images"][c] for c in cameras}
         data.update({"observation.state": ep["state"], "action": ep["action"]})
+        data.update({REWARD_KEY: ep["reward"], SUCCESS_KEY: ep["next_success"]})
         if "privileged" in ep:
             data[ENV_KEY] = ep["privileged"]
             data.update({f"{ENV_UV_KEY}.{c}": v for c, v in ep["privileged_uv"].items()})

@@ -17,6 +17,8 @@ here and policies scored here carry over to ``lerobot-eval``:
 - Layouts: ``reset(seed=s)`` seeds Meta-World's RNG, which draws the object and goal positions, as
   LeRobot does since its seeding fix (lerobot PR #3727). Episodes end at Meta-World's ``success``
   flag or after ``max_steps`` (500, Meta-World's and lerobot-eval's limit); 80 steps per second.
+- Reward: Meta-World's own shaped reward for the step, as LeRobot's environment returns it (what
+  ``vla data generate`` stores as ``next.reward``); success is ``info["success"]``.
 
 The expert is Meta-World's official scripted policy for the task (``metaworld.policies``), fed the
 fully observable state vector. ``raw_state()`` is that 39-dim vector (LeRobot's dataset stores it
@@ -154,11 +156,11 @@ class MetaWorldEnv(gym.Env):
         a = np.asarray(action, dtype=np.float32).reshape(-1)
         if a.shape != (4,) or not np.all(np.isfinite(a)):
             raise ValueError(f"action must be 4 finite floats, got {np.asarray(action)!r}")
-        self._raw, _, _, _, info = self.env.step(np.clip(a, -1.0, 1.0))
+        self._raw, reward, _, _, info = self.env.step(np.clip(a, -1.0, 1.0))
         self.t += 1
         ok = bool(info.get("success", 0.0) > 0.5)
         truncated = self.t >= self.max_steps and not ok
-        return self._obs(), float(ok), ok, truncated, {"task": self.task_name, "success": ok}
+        return self._obs(), float(reward), ok, truncated, {"task": self.task_name, "success": ok}
 
     def expert_action(self) -> np.ndarray:
         """Meta-World's official scripted policy on the full state (privileged)."""
