@@ -14,8 +14,10 @@ RESULTS = Path(__file__).parent / "results"
 
 
 def sync(device: torch.device | str) -> None:
-    if torch.device(device).type == "cuda":
-        torch.cuda.synchronize()
+    """Wait for ``device``'s queued work (that device's, not only the current one's); no-op off CUDA."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 def time_fn(

@@ -57,7 +57,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.common import RESULTS, environment, percentile  # noqa: E402
+from bench.common import RESULTS, environment, percentile, sync, time_fn  # noqa: E402
 from bench.serve import start_server  # noqa: E402
 from vlastack.batch import dummy_batch  # noqa: E402
 from vlastack.config import load_config  # noqa: E402
@@ -136,21 +136,8 @@ def guarded(res: Results, what: str, fn: Callable[[], None]) -> None:
             torch.cuda.empty_cache()
 
 
-def sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def timed(fn: Callable[[], object], device: torch.device, repeats: int, warmup: int = 2) -> dict:
-    for _ in range(warmup):
-        fn()
-    sync(device)
-    ms = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        sync(device)
-        ms.append((time.perf_counter() - t0) * 1e3)
+    ms = time_fn(fn, device, warmup=warmup, repeats=repeats)
     return {"p50_ms": round(percentile(ms, 50), 3), "p90_ms": round(percentile(ms, 90), 3), "n": repeats}
 
 

@@ -2,7 +2,7 @@
 Meta-World environment on vlastack's evaluation seeds, in chunks of tasks kept as they finish
 (``--chunk-tasks``), optionally side by side (``--parallel``), and converted to our eval.json.
 Standard library only, like bench/lerobot_metaworld.py (whose ``eval`` and ``convert`` commands
-these are)."""
+these are: its command line imports them from here; what both use is in bench/lerobot_common.py)."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from bench.lerobot_metaworld import (
+from bench.lerobot_common import (
     EVAL_MODULE,
     LAST,
     MT10,

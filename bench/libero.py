@@ -44,7 +44,7 @@ PARTS = ("install", "speed", "random", "scripted")
 def machine() -> dict:
     import torch
 
-    from bench.lerobot_metaworld import machine as cpu
+    from bench.lerobot_common import machine as cpu
 
     return {**cpu(), "torch": torch.__version__}
 
@@ -170,46 +170,16 @@ def scripted_pick_place(env, seed: int) -> tuple[bool, np.ndarray]:
 
 
 def replay(suite: str, task: int, seed: int, actions: np.ndarray) -> dict:
-    """Open-loop replay in a fresh env rendering LeRobot's two 360 px cameras."""
+    """Open-loop replay in a fresh env rendering LeRobot's two 360 px cameras (the loop that
+    bench/libero_replay.py also runs in LeRobot's env, under ``--lerobot-python``)."""
+    from bench.libero_replay import replay as replay_actions
     from vlastack.sim.libero import LiberoEnv
 
     env = LiberoEnv(suite, task)
     env.reset(seed=seed)
-    ok, steps = False, 0
-    for a in actions:
-        steps += 1
-        if env.step(a)[4]["success"]:
-            ok = True
-            break
+    out = replay_actions(env, actions)
     env.close()
-    return {"success": ok, "steps": steps}
-
-
-LEROBOT_REPLAY = r"""
-import json, os, sys, tempfile
-from pathlib import Path
-from importlib.util import find_spec
-import numpy as np, yaml
-os.environ.setdefault("MUJOCO_GL", "egl"); os.environ.setdefault("PYOPENGL_PLATFORM", os.environ["MUJOCO_GL"])
-cfg = Path(tempfile.mkdtemp()); os.environ["LIBERO_CONFIG_PATH"] = str(cfg)
-root = Path(find_spec("libero").submodule_search_locations[0]) / "libero"
-(cfg / "config.yaml").write_text(yaml.safe_dump({"benchmark_root": str(root), "bddl_files": str(root / "bddl_files"),
-    "init_states": str(root / "init_files"), "datasets": "/tmp", "assets": str(root / "assets")}))
-from lerobot.envs.libero import LiberoEnv, _get_suite
-suite, task, seed, path = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
-actions = np.load(path)
-env = LiberoEnv(_get_suite(suite), task, suite, obs_type="pixels_agent_pos", episode_index=0, n_envs=1)
-for j in range(seed - 1000 + 1):
-    env.reset(seed=1000 + j)
-ok, steps = False, 0
-for a in actions:
-    steps += 1
-    if env.step(a)[4]["is_success"]:
-        ok = True
-        break
-import mujoco
-print(json.dumps({"success": ok, "steps": steps, "mujoco": mujoco.__version__}))
-"""
+    return out
 
 
 def scripted(inits: int, lerobot_python: str | None) -> dict:
@@ -242,7 +212,7 @@ def scripted(inits: int, lerobot_python: str | None) -> dict:
             with tempfile.TemporaryDirectory() as tmp:
                 path = Path(tmp) / "actions.npy"
                 np.save(path, actions)
-                r = subprocess.run([py, "-c", LEROBOT_REPLAY, "libero_object", str(task), str(seed),
+                r = subprocess.run([py, str(HERE / "libero_replay.py"), "libero_object", str(task), str(seed),
                                     str(path)], capture_output=True, text=True, timeout=900)  # fmt: skip
                 line = [x for x in r.stdout.splitlines() if x.startswith("{")]
                 rep = json.loads(line[-1]) if line else {"error": r.stderr[-500:], "python": py}

@@ -54,10 +54,10 @@ LEDGER = "cpu_ledger.json"  # in the run folder: one row per training segment
 
 
 def machine() -> dict:
-    """CPU model, flags, cores and date (bench/lerobot_metaworld.py's, which is stdlib-only) + torch."""
+    """CPU model, flags, cores and date (bench/lerobot_common.py's, which is stdlib-only) + torch."""
     import torch
 
-    from bench.lerobot_metaworld import machine as cpu
+    from bench.lerobot_common import machine as cpu
 
     return {**cpu(), "torch": torch.__version__}
 

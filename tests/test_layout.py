@@ -1,12 +1,14 @@
-"""Package layout rules: no import cycles (counting lazy, in-function and ``TYPE_CHECKING``
-imports too) and no file over 800 lines."""
+"""Package layout rules: no import cycles in vlastack/ or among bench/'s scripts (counting lazy,
+in-function and ``TYPE_CHECKING`` imports too) and no file over 800 lines."""
 
 from __future__ import annotations
 
 import ast
+import sys
 from pathlib import Path
 
 PKG = Path(__file__).resolve().parents[1] / "vlastack"
+BENCH = PKG.parent / "bench"
 MAX_LINES = 800
 # Modules whose "module:Class" strings another module imports by name: lister -> resolver.
 RESOLVERS = {"vlastack.config.heads": "vlastack.models.heads"}
@@ -18,11 +20,11 @@ def _module_name(path: Path) -> str:
     return ".".join(parts)
 
 
-def import_graph() -> dict[str, set[str]]:
+def import_graph(pkg: Path = PKG) -> dict[str, set[str]]:
     """module -> the package modules it imports anywhere in its source (top level, inside functions,
     under ``if TYPE_CHECKING``). ``from a.b import c`` counts as importing ``a.b.c`` when that is a
     module, else ``a.b``."""
-    files = {_module_name(p): p for p in PKG.rglob("*.py")}
+    files = {_module_name(p): p for p in pkg.rglob("*.py")}
     graph: dict[str, set[str]] = {}
     registry: dict[str, set[str]] = {}
     for mod, path in files.items():
@@ -88,6 +90,48 @@ def test_import_graph_sees_lazy_and_type_checking_imports():
 def test_no_import_cycles():
     cycle = find_cycle(import_graph())
     assert cycle is None, "import cycle: " + " -> ".join(cycle)
+
+
+def test_bench_import_graph_sees_in_function_imports():
+    g = import_graph(BENCH)
+    assert "bench.lerobot_common" in g["bench.libero"]  # inside machine()
+    assert "bench.lerobot_metaworld" in g["bench.metaworld"]  # `from bench import lerobot_metaworld`
+    assert "bench.common" in g["bench.latency_gpu"]
+
+
+def test_no_import_cycles_in_bench():
+    """bench/'s scripts import one another one way: lerobot_metaworld (the command line) imports
+    lerobot_metaworld_eval, and both import lerobot_common, never the other way round."""
+    g = import_graph(BENCH)
+    assert "bench.lerobot_metaworld_eval" in g["bench.lerobot_metaworld"]
+    assert "bench.lerobot_metaworld" not in g["bench.lerobot_metaworld_eval"]
+    cycle = find_cycle(g)
+    assert cycle is None, "import cycle: " + " -> ".join(cycle)
+
+
+def test_lerobot_metaworld_imports_only_the_standard_library():
+    """bench/lerobot_metaworld.py runs under the LeRobot venv's python: it and every bench module
+    it imports (anywhere in their source) import nothing outside the standard library."""
+    g = import_graph(BENCH)
+    todo, seen = ["bench.lerobot_metaworld"], set()
+    while todo:
+        m = todo.pop()
+        if m not in seen:
+            seen.add(m)
+            todo += g[m]
+    outside = set()
+    for m in seen:
+        path = BENCH.parent / (m.replace(".", "/") + ".py")
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                tops = [a.name.split(".")[0] for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and not node.level:
+                tops = [(node.module or "").split(".")[0]]
+            else:
+                continue
+            outside |= {(m, t) for t in tops if t != "bench" and t not in sys.stdlib_module_names}
+    assert seen >= {"bench.lerobot_common", "bench.lerobot_metaworld_eval"}
+    assert not outside, sorted(outside)
 
 
 def test_no_file_over_800_lines():
