@@ -27,7 +27,8 @@ PIP=("$VENV/bin/python" -m pip install --quiet)
     "huggingface-hub>=1.6,<2" requests "safetensors>=0.4.3,<1" "packaging>=24.2,<26" termcolor tqdm \
     "gymnasium>=1.1.1,<2" "opencv-python-headless<4.14" "transformers>=5.4,<5.6" sentencepiece protobuf \
     "av>=15,<16" "datasets>=4.8,<5" "pandas>=2,<3" "pyarrow>=21,<30" "jsonlines>=4,<5" scipy \
-    "accelerate==1.15.0" "diffusers>=0.38,<0.40" "metaworld==3.0.0" "mujoco==3.3.0"
+    "accelerate==1.15.0" "diffusers>=0.38,<0.40" "metaworld==3.0.0" "mujoco==3.3.0" \
+    "websockets>=13" "msgpack>=1"  # scripts/lerobot_policy_server.py: vla eval drives LeRobot policies
 "$VENV/bin/python" - <<'PY'
 import importlib.metadata as m
 print("LeRobot venv:", ", ".join(f"{p} {m.version(p)}" for p in

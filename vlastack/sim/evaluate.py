@@ -401,6 +401,12 @@ def evaluate(
     wall = time.perf_counter() - t0 + (journal.prior_s if journal is not None else 0.0)
     res = summarize(results, names, name, cfg.suite, wall)
     res["train_seeds"] = seen
+    if isinstance(policy_factory, str) and policy_factory.startswith("ws://"):
+        from vlastack.sim.policies import server_metadata
+
+        # What was behind the address (its policy, type, version): a URL alone does not say.
+        meta = server_metadata(policy_factory)
+        res["server"] = {k: v for k, v in meta.items() if isinstance(v, str | int | float | bool | list)}
     res["resumed_episodes"] = len(journal.done) if journal is not None else 0
     res["config"] = {
         "episodes": cfg.episodes, "seed": cfg.seed, "seed_scheme": cfg.seed_scheme,

@@ -99,7 +99,11 @@ class RemotePolicy:
 
     Each observation goes out as openpi's flat keys (``observation/<camera>`` by the server's own
     camera names, ``observation/state``, ``prompt``) and the reply's whole chunk comes back; the
-    evaluator runs ``steps_per_chunk`` of it (default: the server's ``replan_steps``)."""
+    evaluator runs ``steps_per_chunk`` of it (default: the server's ``replan_steps``).
+
+    A server whose metadata says ``needs_reset`` keeps per-connection state across steps (a LeRobot
+    policy's action queue, ``scripts/lerobot_policy_server.py``): ``reset()`` then sends
+    ``{"reset": true}`` at every episode start, as lerobot-eval calls ``policy.reset()``."""
 
     def __init__(self, url: str) -> None:
         from openpi_client.websocket_client_policy import WebsocketClientPolicy
@@ -109,7 +113,8 @@ class RemotePolicy:
         self.metadata = self.client.get_server_metadata()
 
     def reset(self) -> None:
-        pass
+        if self.metadata.get("needs_reset"):
+            self.client.infer({"reset": True})
 
     def infer(self, obs: dict) -> dict[str, np.ndarray]:
         msg: dict[str, Any] = {f"observation/{cam}": img for cam, img in obs["images"].items()}

@@ -1,0 +1,107 @@
+"""`vla eval --policy ws://...` against stateful servers (scripts/lerobot_policy_server.py): the
+protocol's reset on every episode, the server's identity in eval.json, and, where LeRobot's venv is
+installed (scripts/setup_lerobot_venv.sh), a real LeRobot ACT policy scored by `vla eval`."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from vlastack.infer.wire import packb, unpackb
+from vlastack.sim.evaluate import evaluate
+
+ROOT = Path(__file__).resolve().parents[2]
+LEROBOT_PY = Path(os.environ.get("VLASTACK_LEROBOT_PYTHON", "/work/lrvenv/bin/python"))
+
+
+class StatefulServer:
+    """A stand-in with a LeRobot policy's shape: per-connection state, `needs_reset`, one-step chunks."""
+
+    def __init__(self) -> None:
+        from websockets.sync.server import serve
+
+        self.resets, self.steps_since_reset = 0, []
+        self.meta = {"camera_names": ["scene"], "replan_steps": 1, "needs_reset": True, "policy": "stand-in"}
+        self.server = serve(self.handler, "127.0.0.1", 0)
+        self.port = self.server.socket.getsockname()[1]
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def handler(self, ws) -> None:
+        from websockets.exceptions import ConnectionClosed
+
+        steps = 0
+        try:
+            ws.send(packb(self.meta))
+            for msg in ws:
+                obs = unpackb(msg, 2**24)
+                if obs.get("reset"):
+                    self.resets += 1
+                    self.steps_since_reset.append(steps)
+                    steps = 0
+                    ws.send(packb({"reset": True}))
+                    continue
+                steps += 1
+                ws.send(packb({"actions": np.zeros((1, 4), np.float32)}))
+        except ConnectionClosed:
+            pass
+
+
+def test_stateful_server_is_reset_every_episode_and_named_in_eval_json(tmp_path):
+    srv = StatefulServer()
+    try:
+        res = evaluate(
+            f"ws://127.0.0.1:{srv.port}", suite="builtin", tasks=("reach",), episodes=3, seed=0,
+            num_workers=0, image_size=64, max_steps=5, out_dir=tmp_path / "eval", videos=0,
+        )  # fmt: skip
+    finally:
+        srv.server.shutdown()
+    assert res["overall"]["n"] == 3 and srv.resets == 3
+    assert srv.steps_since_reset[1:] == [5, 5]  # each episode's steps come after its own reset
+    saved = json.loads((tmp_path / "eval" / "eval.json").read_text())
+    assert saved["server"]["policy"] == "stand-in" and saved["server"]["needs_reset"] is True
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(
+    not LEROBOT_PY.exists(), reason="LeRobot's venv (scripts/setup_lerobot_venv.sh) is not installed"
+)
+def test_a_lerobot_act_policy_scored_by_vla_eval(tmp_path):
+    """A randomly initialised LeRobot ACT policy (made by LeRobot's own classes, saved with its
+    processors) served from LeRobot's venv and scored by `vla eval` on Meta-World."""
+    pytest.importorskip("metaworld")
+    folder = tmp_path / "act"
+    subprocess.run(
+        [str(LEROBOT_PY), str(ROOT / "scripts" / "make_lerobot_act_policy.py"), str(folder)], check=True
+    )
+    log = (tmp_path / "server.log").open("w")  # closed with the process below
+    proc = subprocess.Popen(
+        [str(LEROBOT_PY), str(ROOT / "scripts" / "lerobot_policy_server.py"), "--policy", str(folder),
+         "--env", "metaworld", "--port", "0", "--threads", "1"],
+        stderr=log, stdout=log,
+    )  # fmt: skip
+    try:
+        port = None
+        deadline = time.time() + 180
+        while port is None and time.time() < deadline and proc.poll() is None:
+            m = re.search(r"serving ws://127.0.0.1:(\d+)", (tmp_path / "server.log").read_text())
+            port = int(m.group(1)) if m else time.sleep(0.5)
+        assert port, (tmp_path / "server.log").read_text()[-2000:]
+        res = evaluate(
+            f"ws://127.0.0.1:{port}", suite="metaworld", tasks=("reach-v3",), episodes=2, seed=1000,
+            seed_scheme="per_task", num_workers=0, image_size=64, max_steps=12, out_dir=tmp_path / "eval",
+            videos=0,
+        )  # fmt: skip
+    finally:
+        proc.terminate()
+        proc.wait(30)
+        log.close()
+    assert res["overall"]["n"] == 2 and all(e["steps"] == 12 for e in res["episodes"])
+    assert res["server"]["policy"].startswith("lerobot act") and res["server"]["lerobot_version"] == "0.6.1"
