@@ -20,11 +20,18 @@
     .venv/bin/python bench/metaworld.py merge runs/mt50/eval_a/eval.json runs/mt50/eval_b/eval.json --out runs/mt50/eval/eval.json
     # record a row evaluated elsewhere (e.g. a LeRobot policy scored on the same seeds)
     .venv/bin/python bench/metaworld.py record --suite mt10 --policy lerobot_act --eval-json X --cpu-hours H
+    # the fair protocol (bench/metaworld_protocol.py): a tuning trial scored on the validation seeds
+    # (2000+j), kept under mt10.tuning.NAME, never a table row; the protocol fields on every row
+    .venv/bin/python bench/metaworld.py validate --suite mt10 --run runs/mt10 --as NAME --trial "no labels, recipe"
+    .venv/bin/python bench/metaworld.py backfill
 
 Shape of metaworld.json: ``expert.per_task``; under ``mt10`` / ``mt50`` one entry per policy with
 ``per_task``, ``mean``, ``cpu_hours``, ``episodes_per_task``, ``eval_seeds``, ``train_seeds``,
 ``train_config`` and, for MT50, ``groups`` and ``group_average``; success as fractions in [0, 1].
-Every entry carries the CPU model and flags, torch version and date.
+Every entry carries the CPU model and flags, torch version and date, and the fair protocol's fields
+(``privileged_labels``, ``evaluator``, ``trials_per_task``, ``validation_seeds``, ``tuning_trials``,
+``demos_per_task``, ``samples_seen``, ``budget_multiple``, ``lerobot_env_check``: see
+bench/metaworld_protocol.py); ``mt10.tuning`` holds the validation-seed trials.
 
 CPU hours are measured, not inferred from wall time: ``resource.getrusage(RUSAGE_CHILDREN)``
 (user + system) of the ``vla train`` process tree, which includes its data-loader workers and
@@ -48,9 +55,13 @@ from pathlib import Path
 # `metaworld` package (in spawned evaluation workers too): swap it for the repository root.
 HERE = Path(__file__).resolve().parent
 sys.path[:] = [str(HERE.parent), *(p for p in sys.path if Path(p or ".").resolve() != HERE)]
+
+from bench.metaworld_protocol import VALIDATION_SEED, backfill, protocol_fields, record_validation  # noqa: E402
+
 RESULTS = HERE / "results" / "metaworld.json"
 RECIPES = {"mt10": "metaworld_mt10", "mt50": "metaworld_mt50"}
 LEDGER = "cpu_ledger.json"  # in the run folder: one row per training segment
+PROTOCOL = "protocol.json"  # in the run folder: validation_seeds and tuning_trials of a fair run
 
 
 def machine() -> dict:
@@ -510,10 +521,43 @@ def record(
         entry_from_eval(ev, suite, cpu_hours, train_seeds, train_config) | kept
     )
     e = res[suite][policy]
+    if run is not None and (run / PROTOCOL).exists():  # a fair run's validation seeds and trials
+        e.update(json.loads((run / PROTOCOL).read_text()))
+    e.update(protocol_fields(suite, policy, e, res[suite]))
     print(
         f"{suite} {policy}: mean {e['mean']:.1%}, {e['cpu_hours'] or 0:.2f} CPU-h, {e['episodes_per_task']}/task"
     )
     save(res)
+
+
+def cmd_validate(args: argparse.Namespace) -> None:
+    """Score the run's final policy on the validation seeds (VALIDATION_SEED + j): a tuning trial."""
+    from vlastack.cli import main
+
+    run = Path(args.run)
+    out = run / "eval_val"
+    policy = run / "final" / "ema" if (run / "final" / "ema").is_dir() else run / "final"
+    argv = ["eval", "--policy", str(policy), "--config", RECIPES[args.suite], "--out", str(out), "--resume",
+            "--workers", str(args.workers), "--episodes-per-task", str(args.episodes_per_task),
+            "--seed", str(VALIDATION_SEED), "--videos", "0", *args.overrides]  # fmt: skip
+    if main(argv) != 0:
+        sys.exit(1)
+    ev = json.loads((out / "eval.json").read_text())
+    ledger = json.loads((run / LEDGER).read_text()) if (run / LEDGER).exists() else []
+    trial = {"trial": args.trial, "run": str(run), "cpu_hours": sum(r["cpu_s"] for r in ledger) / 3600 or None,
+             "overrides": sorted({a for r in ledger for a in r["argv"] if "=" in a and not a.startswith("-")}),
+             "date": datetime.date.today().isoformat()}  # fmt: skip
+    res = load()
+    entry = record_validation(res, args.suite, args.row, ev, trial)
+    save(res)
+    print(
+        f"{args.suite} tuning {args.row} [{args.trial}]: {entry['mean']:.1%} on validation seeds {entry['seeds']}"
+    )
+
+
+def cmd_backfill(args: argparse.Namespace) -> None:
+    save(backfill(load()))
+    print("protocol fields written on every mt10/mt50 row")
 
 
 def merge_evals(paths: list[Path], out: Path) -> dict:
@@ -610,6 +654,15 @@ def main() -> None:
     r.add_argument("--eval-json", required=True)
     r.add_argument("--cpu-hours", type=float, default=None)
     r.add_argument("--run", default=None)
+    va = sub.add_parser("validate", help="a tuning trial: the run's policy on the validation seeds (2000+j)")
+    va.add_argument("--suite", choices=sorted(RECIPES), required=True)
+    va.add_argument("--run", required=True)
+    va.add_argument("--as", dest="row", required=True, help="the recipe's name (mt10.tuning.NAME)")
+    va.add_argument("--trial", required=True, help="what this trial tried, e.g. 'lr 3e-4'")
+    va.add_argument("--episodes-per-task", type=int, default=10)
+    va.add_argument("--workers", type=int, default=2)
+    va.add_argument("overrides", nargs="*", help="dotted config overrides (evaluation)")
+    sub.add_parser("backfill", help="write the fair protocol's fields on every mt10/mt50 row")
     m = sub.add_parser("merge", help="evaluations of one policy on disjoint seeds -> one eval.json")
     m.add_argument("evals", nargs="+", help="eval.json files")
     m.add_argument("--out", required=True)
@@ -626,6 +679,7 @@ def main() -> None:
         )
     else:
         cmds = {"expert": cmd_expert, "train": cmd_train, "eval": cmd_eval, "grounding": cmd_grounding}
+        cmds |= {"validate": cmd_validate, "backfill": cmd_backfill}
         {**cmds, "pipeline": cmd_pipeline, "status": cmd_status}[args.cmd](args)
 
 

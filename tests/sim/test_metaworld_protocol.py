@@ -1,0 +1,78 @@
+"""The fair Meta-World protocol's bookkeeping (bench/metaworld_protocol.py): the fields on every row
+of bench/results/metaworld.json and validation trials kept apart from the table."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+import pytest
+
+from bench.metaworld_protocol import (
+    FIELDS,
+    TEST_SEED,
+    VALIDATION_SEED,
+    agreement,
+    backfill,
+    protocol_fields,
+    record_validation,
+)
+
+RESULTS = Path(__file__).resolve().parents[2] / "bench" / "results" / "metaworld.json"
+
+
+def _row(points: int, steps: int = 100, batch: int = 32, cpu_hours: float = 1.0, overrides=()) -> dict:
+    tc = {"recipe": "metaworld_mt10", "steps": steps, "batch_size": batch, "grad_accum": 1,
+          "model.grounding": {"points": points}, "overrides": list(overrides)}  # fmt: skip
+    return {"per_task": {"reach-v3": 0.5}, "episodes_per_task": 50, "cpu_hours": cpu_hours, "train_config": tc,
+            "render_quality": "fast", "train_seeds": {"reach-v3": [0, 49, 50]}}  # fmt: skip
+
+
+def test_fields_say_what_a_row_is():
+    rows = {"vlastack": _row(2, cpu_hours=2.0), "nolabels": _row(0, steps=200, cpu_hours=8.0)}
+    f = protocol_fields("mt10", "nolabels", rows["nolabels"], rows)
+    assert set(FIELDS) <= set(f)
+    assert (
+        f["privileged_labels"] is False
+        and protocol_fields("mt10", "vlastack", rows["vlastack"], rows)["privileged_labels"]
+    )
+    assert f["samples_seen"] == 200 * 32 and f["budget_multiple"] == 4.0 and f["demos_per_task"] == 50
+    assert f["trials_per_task"] == 50 and f["evaluator"].startswith("vla eval")
+    # A row recorded before the config carried model.grounding ran a Meta-World recipe with it on.
+    legacy = _row(2)
+    del legacy["train_config"]["model.grounding"]
+    assert protocol_fields("mt10", "x", legacy, rows)["privileged_labels"] is True
+    # LeRobot rows: lerobot-train's default batch of 8; their evaluator as recorded.
+    lr = {"per_task": {}, "episodes_per_task": 2, "cpu_hours": 1.0, "eval": {"evaluator": "lerobot-eval (...)"},
+          "train_config": {"trainer": "lerobot-train ...", "steps_reached": 10}}  # fmt: skip
+    f = protocol_fields("mt10", "lerobot_act", lr, rows)
+    assert f["samples_seen"] == 80 and f["evaluator"] == "lerobot-eval (...)" and not f["privileged_labels"]
+
+
+def test_agreement_is_mcnemar_at_95():
+    assert agreement(30, 27, 0.9, 0.8667)["agree"] is True  # 3 discordant, 2 vs 1
+    assert agreement(50, 30, 0.9, 0.5)["agree"] is False  # 20 discordant, all one way
+
+
+def test_validation_trials_stay_off_the_table_and_off_the_test_seeds():
+    ev = {"tasks": {"reach-v3": {"n": 2, "success_rate": 0.5}}, "overall": {"ci95": [0.1, 0.9]},
+          "episodes": [{"seed": VALIDATION_SEED}, {"seed": VALIDATION_SEED + 1}]}  # fmt: skip
+    res: dict = {"mt10": {}}
+    record_validation(res, "mt10", "nolabels", ev, {"trial": "a"})
+    record_validation(res, "mt10", "nolabels", ev, {"trial": "b"})
+    record_validation(res, "mt10", "nolabels", ev, {"trial": "a"})  # re-scored: replaced, not doubled
+    assert [t["trial"] for t in res["mt10"]["tuning"]["nolabels"]] == ["b", "a"]
+    assert res["mt10"]["tuning"]["nolabels"][0]["seeds"] == [VALIDATION_SEED, VALIDATION_SEED + 1]
+    ev["episodes"] = [{"seed": TEST_SEED}]
+    with pytest.raises(ValueError, match="test seeds"):
+        record_validation(res, "mt10", "nolabels", ev, {"trial": "c"})
+
+
+def test_every_recorded_row_carries_the_protocol_fields():
+    res = json.loads(RESULTS.read_text())
+    rows = [(s, n, r) for s in ("mt10", "mt50") for n, r in res[s].items() if "per_task" in r]
+    assert rows and all(set(FIELDS) <= set(r) for _, _, r in rows)
+    assert backfill(copy.deepcopy(res)) == res  # the file is what backfill writes (idempotent)
+    grounding = [(s, n) for s, n, r in rows if r["privileged_labels"]]
+    assert ("mt10", "vlastack") in grounding and ("mt50", "vlastack") in grounding
