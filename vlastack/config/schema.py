@@ -633,6 +633,10 @@ class EvalConfig:
     # a time. 16 made the demo's evaluation ~3x faster on 2 cores (batch-1 inference is mostly
     # Python overhead); results differ from one at a time only by the batch's float rounding.
     batch_episodes: int = 1
+    # "" = local worker processes (num_workers). Otherwise a Ray cluster to spread the episodes
+    # over, one CPU each (sim/ray_pool.py): "auto" (the cluster this machine joined with `ray
+    # start`), "HOST:PORT", "ray://HOST:10001", or "local" (a Ray instance started here). Needs Ray.
+    ray_address: str = ""
 
     def __post_init__(self) -> None:
         _positive(self, "episodes", "steps_per_chunk", "image_size", "batch_episodes")

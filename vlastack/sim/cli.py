@@ -25,6 +25,12 @@ def register(sub, groups) -> None:
     g.add_argument("--out", required=True, help="dataset folder to create")
     g.add_argument("--workers", type=int, default=2, help="rollout processes (0 = in-process)")
     g.add_argument(
+        "--ray-address",
+        default="",
+        help="roll out on a Ray cluster instead: auto | HOST:PORT | ray://HOST:10001 | local "
+        "(needs pip install 'vlastack[ray]'; the same dataset as local workers)",
+    )
+    g.add_argument(
         "--image-size",
         type=int_at_least(8),
         default=None,
@@ -97,6 +103,12 @@ def register(sub, groups) -> None:
     e.add_argument("--out", default="runs/eval", help="folder for eval.json, eval.png, videos/")
     e.add_argument("--workers", type=int_at_least(0), default=None, help="worker processes (0 = in-process)")
     e.add_argument(
+        "--ray-address",
+        default=None,
+        help="spread the episodes over a Ray cluster, one CPU each: auto | HOST:PORT | ray://HOST:10001 | "
+        "local (eval.ray_address; needs pip install 'vlastack[ray]'; same eval.json as local workers)",
+    )
+    e.add_argument(
         "--steps-per-chunk",
         type=int_at_least(1),
         default=None,
@@ -149,6 +161,7 @@ def _generate(args: argparse.Namespace) -> int:
         episodes=args.episodes,
         episodes_per_task=args.episodes_per_task,
         workers=args.workers,
+        ray_address=args.ray_address,
         image_size=args.image_size,
         cameras=_split(args.cameras) or None,
         noise=args.noise,
@@ -269,6 +282,7 @@ def _eval(args: argparse.Namespace) -> int:
         seed_scheme="per_task" if args.episodes_per_task else ec.seed_scheme,
         seed=pick(args.seed, ec.seed),
         num_workers=pick(args.workers, ec.num_workers),
+        ray_address=pick(args.ray_address, ec.ray_address),
         steps_per_chunk=steps_per_chunk,
         temporal_ensemble=pick(args.temporal_ensemble, ec.temporal_ensemble),
         out_dir=args.out,

@@ -336,10 +336,10 @@ def evaluate(
     names = suite_tasks(cfg.suite, tuple(cfg.tasks))
     if cfg.temporal_ensemble < 0:
         raise ValueError(f"need temporal_ensemble >= 0, got {cfg.temporal_ensemble}")
-    if num_workers > 0 and hasattr(policy_factory, "infer"):
+    if (num_workers > 0 or cfg.ray_address) and hasattr(policy_factory, "infer"):
         raise ValueError(
             "a policy object cannot be sent to worker processes; pass a spec ('random', 'expert', a "
-            "checkpoint path or a picklable factory) or use num_workers=0"
+            "checkpoint path or a picklable factory) or use num_workers=0 without ray_address"
         )
     cameras = tuple(cameras) if cameras is not None else _policy_cameras(policy_factory, cfg.suite)
     representation = policy_representation(policy_factory, cfg.action_representation, cfg.suite)
@@ -427,6 +427,10 @@ def _run_jobs(spec, cfg: EvalConfig, env_kw, run_kw, jobs, names, name, lockstep
     """The episodes ``jobs`` in-process or over ``cfg.num_workers`` processes; ``finished`` is
     called with each record as it completes. Returns the records in episode order."""
     num_workers = cfg.num_workers
+    if cfg.ray_address:  # one Ray task per episode (batch_episodes groups stay a local-worker feature)
+        from vlastack.sim.ray_pool import run_on_ray
+
+        return run_on_ray(cfg.ray_address, spec, env_kw, run_kw, jobs, finished)
     if num_workers == 0:
         from vlastack.sim.env import make_env
 

@@ -239,6 +239,7 @@ def generate(
     render_quality: str = "lerobot",
     resumable: bool = True,
     action_representation: str = "delta",
+    ray_address: str = "",
 ) -> dict[str, Any]:
     """Write successful expert demos to a LeRobot v3 dataset at ``out``; returns a report.
 
@@ -249,7 +250,9 @@ def generate(
     the finished tasks; the parts are then merged into ``out`` (the same episodes, seeds and values as
     an uninterrupted run) and removed.
     ``progress``: show a live bar (episodes/s, ETA, the expert's success so far); ``settle``: see
-    ``rollout_expert``; ``action_representation``: ``delta`` or ``absolute`` (module docstring)."""
+    ``rollout_expert``; ``action_representation``: ``delta`` or ``absolute`` (module docstring).
+    ``ray_address``: roll the episodes out on that Ray cluster instead of ``workers`` local
+    processes (``sim.ray_pool.RayMap``): the same episodes, written in the same order."""
     # One generation per output: a second one into the same ``out`` (or its ``.parts``) would
     # interleave or delete the first's episodes. Refused at once, naming the running one's pid.
     out, full = Path(out), Path(out).resolve()
@@ -257,7 +260,7 @@ def generate(
                     "wait for that generation to finish, stop it, or write to another --out"):  # fmt: skip
         return _generate(out, suite, tasks, episodes, workers, image_size, cameras, noise, seed, overwrite,
                          video_quality, progress, settle, episodes_per_task, render_quality, resumable,
-                         action_representation)  # fmt: skip
+                         action_representation, ray_address)  # fmt: skip
 
 
 def _generate(
@@ -278,6 +281,7 @@ def _generate(
     render_quality: str,
     resumable: bool,
     action_representation: str,
+    ray_address: str = "",
 ) -> dict[str, Any]:
     from vlastack.data.lerobot import LeRobotWriter
     from vlastack.data.samples import ENV_KEY, ENV_UV_KEY, camera_key
@@ -322,6 +326,8 @@ def _generate(
               "render_quality": render_quality}  # fmt: skip
         if action_representation != "delta":  # (a delta run's settings stamp stays as it was)
             kw["action_representation"] = action_representation
+        if ray_address:  # where it runs, not what it writes: not in the settings stamp
+            kw["ray_address"] = ray_address
         return _generate_by_parts(Path(out), names, kw, video_quality, overwrite)
     writer = LeRobotWriter(
         out,
@@ -344,7 +350,12 @@ def _generate(
     t0 = time.perf_counter()
     meta: list[dict] = []
     attempts: dict[str, list[int]] = {t: [0, 0] for t in names}  # task -> [tries, successes]
-    ex = ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn")) if workers > 0 else None
+    if ray_address:
+        from vlastack.sim.ray_pool import RayMap
+
+        ex: Any = RayMap(ray_address)
+    else:
+        ex = ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn")) if workers > 0 else None
     bar = Progress(episodes, "generate", "episode", enabled=progress)
 
     def write(ep: dict) -> None:
@@ -457,7 +468,7 @@ def _generate_by_parts(
     if out.exists() and not overwrite and not merge_stopped:
         raise ValueError(f"{out}: already exists (pass overwrite=True to replace it)")
     # What decides the content (not workers or the progress bar): a resumed run must match it.
-    settings = {k: v for k, v in kw.items() if k not in ("workers", "progress")}
+    settings = {k: v for k, v in kw.items() if k not in ("workers", "progress", "ray_address")}
     settings.update(cameras=list(kw["cameras"]), tasks=list(names))
     stamp = parts / "settings.json"
     if parts.exists() and (not stamp.exists() or json.loads(stamp.read_text()) != settings):

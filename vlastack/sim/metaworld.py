@@ -36,7 +36,7 @@ from gymnasium import spaces
 
 from vlastack.sim.camera import pinhole_uv
 from vlastack.sim.metaworld_tasks import DESCRIPTIONS, MT10, MT50
-from vlastack.sim.render import ensure_gl_backend
+from vlastack.sim.render import close_at_exit, ensure_gl_backend
 
 __all__ = ["MT10", "MT50", "MetaWorldEnv", "describe", "fixed_camera", "points_uv"]
 
@@ -131,6 +131,7 @@ class MetaWorldEnv(gym.Env):
         m.vis.global_.offwidth = max(m.vis.global_.offwidth, image_size)
         m.vis.global_.offheight = max(m.vis.global_.offheight, image_size)
         self._renderer = mujoco.Renderer(m, image_size, image_size)
+        close_at_exit(self)  # before MuJoCo's EGL teardown (render.close_at_exit)
         img = spaces.Box(0, 255, (image_size, image_size, 3), np.uint8)
         self.observation_space = spaces.Dict(
             {
@@ -189,8 +190,10 @@ class MetaWorldEnv(gym.Env):
         return {c: points_uv(self.raw_state(), c) for c in self.cameras if fixed_camera(c)}
 
     def close(self) -> None:
-        self._renderer.close()
-        self.env.close()
+        if self._renderer is not None:  # closing twice (by hand, then at exit) is harmless
+            self._renderer.close()
+            self._renderer = None
+            self.env.close()
 
 
 _CAMERA_POSES: dict[str, tuple[np.ndarray, np.ndarray, float] | None] = {}

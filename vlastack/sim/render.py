@@ -60,3 +60,25 @@ def ensure_gl_backend() -> str:
         "Install one, e.g. `apt-get install -y libosmesa6` (scripts/setup.sh does this), or "
         "`apt-get install -y libegl1`, then retry."
     )
+
+
+def close_at_exit(owner: object) -> None:
+    """Close ``owner`` (an env holding a MuJoCo renderer) at interpreter exit, before MuJoCo's EGL
+    display goes. Call it right after creating the renderer: the first renderer registers MuJoCo's
+    own ``eglTerminate`` exit hook, and exit hooks run last-registered first, so this one runs
+    before it. Otherwise the renderer is freed after the display is gone and Python prints
+    ``EGLError`` tracebacks after a successful run. Holds ``owner`` weakly: a closed or collected
+    env costs nothing at exit."""
+    import atexit
+    import contextlib
+    import weakref
+
+    ref = weakref.ref(owner)
+
+    def close() -> None:
+        obj = ref()
+        if obj is not None:
+            with contextlib.suppress(Exception):  # at exit, a failed free prints nothing
+                obj.close()
+
+    atexit.register(close)

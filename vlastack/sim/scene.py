@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 from vlastack.sim.camera import pinhole_uv
-from vlastack.sim.render import ensure_gl_backend
+from vlastack.sim.render import close_at_exit, ensure_gl_backend
 
 ensure_gl_backend()
 import mujoco  # noqa: E402  (must come after the GL backend is chosen)
@@ -289,6 +289,7 @@ class SimCore:
         """{camera: uint8 [H, W, 3]} for the configured cameras."""
         if self._renderer is None:
             self._renderer = mujoco.Renderer(self.model, self.image_size, self.image_size)
+            close_at_exit(self)  # before MuJoCo's EGL teardown (render.close_at_exit)
         out = {}
         for c in self.cameras:
             self._renderer.update_scene(self.data, camera=c)
