@@ -27,9 +27,9 @@ lint:
 format:
 	$(PY) -m ruff check --fix . && $(PY) -m ruff format .
 
-# One full run of the labs -> the committed figures (docs/labs.md, bench/results/labs.json).
+# One full run of the labs -> the committed figures (docs/research/labs.md, bench/results/labs.json).
 labs: setup
-	$(PY) -m vlastack.cli lab all --json bench/results/labs.json --markdown docs/labs.md
+	$(PY) -m vlastack.cli lab all --json bench/results/labs.json --markdown docs/research/labs.md
 
 clean:
 	rm -rf runs .pytest_cache

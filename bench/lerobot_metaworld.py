@@ -40,7 +40,7 @@ CPU time is measured as bench/metaworld.py does: ``getrusage(RUSAGE_CHILDREN)`` 
 the LeRobot process and its joined workers, and /proc summed over the live tree every 2 s (the
 watchdog's budget check); a segment records the larger, so a worker that dies unjoined counts.
 
-Settings, what is known to differ before any run, and what only a run tells: docs/metaworld.md
+Settings, what is known to differ before any run, and what only a run tells: docs/research/metaworld.md
 ("The LeRobot side: settings and known differences").
 """
 

@@ -32,7 +32,7 @@ boundaries, starved and fallback counts; the cost of inference-time RTC's guided
 plain sampling (thread time, interleaved medians). Results: ``bench/results/rtc.json``
 (``representations.<rep>.<protocol>`` and ``goals_by_representation``; the first measurement,
 delta actions by our protocol, stays in ``rows`` / ``goals``), ``docs/rtc_<rep>_<protocol>.png``,
-and the table between ``<!-- rtc-table-<rep>-<protocol> -->`` markers in docs/rtc.md.
+and the table between ``<!-- rtc-table-<rep>-<protocol> -->`` markers in docs/research/rtc.md.
 """
 
 from __future__ import annotations
@@ -562,7 +562,7 @@ def run_eval(
     png = Path(f"docs/rtc_{rep}_{key}.png")
     plot(rows, proto, png,
          f"RTC on {' + '.join(DYNAMIC)}: {rep} actions, {proto.name} protocol (H={proto.horizon})")  # fmt: skip
-    doc = Path("docs/rtc.md")
+    doc = Path("docs/research/rtc.md")
     if doc.exists():
         text = doc.read_text()
         a, b = f"<!-- rtc-table-{rep}-{key} -->", f"<!-- /rtc-table-{rep}-{key} -->"

@@ -5,7 +5,7 @@ and naively at s = 4, d = 0..4, the same seeds. Is its weaker d = 0 a budget eff
     python -m bench.rtc_fragile_6k      # trains the policy if missing (~10 min on 2 idle cores)
 
 Merged into ``bench/results/rtc.json`` as
-``representations.absolute.published_fragile.rtc_trained_6000_steps``; docs/rtc.md reads it.
+``representations.absolute.published_fragile.rtc_trained_6000_steps``; docs/research/rtc.md reads it.
 """
 
 from __future__ import annotations

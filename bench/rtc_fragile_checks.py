@@ -1,6 +1,6 @@
 """Follow-up checks on the fragile tasks' policies of ``python -m bench.rtc --tasks fragile``
 (trained there first if missing), at s = 4; each merged into ``bench/results/rtc.json`` under
-``representations.absolute.published_fragile`` (docs/rtc.md reads them).
+``representations.absolute.published_fragile`` (docs/research/rtc.md reads them).
 
 ``min-commit`` (block ``min_commit_d0``): training-time RTC at d = 0 with a committed first action
 (``eval.execution.min_commit=1``), on a larger sample: 100 episodes per task (200 dynamic per

@@ -85,7 +85,7 @@ def test_step_budget_keeps_the_recipe_where_it_fits_and_shrinks_it_where_not():
     # What it fits, the estimate says ends in time; the recipe's steps would not.
     assert training_and_after_s(slow, 0.38, False, 1.4 * 95, "fp32") <= 800.0
     assert training_and_after_s(2200, 0.38, False, 1.4 * 95, "fp32") > 800.0
-    # The EPYC runs of 2026-11-27 (docs/first-run.md, bench/results/demo.json), predicted from their
+    # The EPYC runs of 2026-11-27 (docs/research/demo.md, bench/results/demo.json), predicted from their
     # own probe, generation time and controls: within 20% (the probe itself moves by ~20% there).
     runs = [  # (probe s, generation s, compiled, after/generation, measured total s)
         (0.28, 92, True, 1.36, 995),  # whole model compiled, cold cache, controls on 100 episodes

@@ -65,7 +65,7 @@ def test_bad_targets_and_rank_raise():
 
 
 def test_adapter_adds_no_output_sized_temporaries():
-    """The step's transient memory is what the allocator's heap keeps (docs/doctor.md): the adapter
+    """The step's transient memory is what the allocator's heap keeps (docs/research/doctor.md): the adapter
     allocates one [..., out] tensor (its product) and adds it in place, where it used to make
     three (product, scaled copy, sum), which held ~10% more RSS in a LoRA run than vla plan said."""
     from torch.utils._python_dispatch import TorchDispatchMode

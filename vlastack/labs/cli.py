@@ -44,7 +44,9 @@ def _run(names: list[str], args: argparse.Namespace) -> int:
 def _outputs(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quick", action="store_true", help="smaller sizes and fewer repeats")
     p.add_argument("--json", default=None, help="write the results as JSON (e.g. bench/results/labs.json)")
-    p.add_argument("--markdown", default=None, help="write the results as Markdown (e.g. docs/labs.md)")
+    p.add_argument(
+        "--markdown", default=None, help="write the results as Markdown (e.g. docs/research/labs.md)"
+    )
 
 
 def register(sub, groups) -> None:
