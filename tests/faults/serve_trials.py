@@ -280,7 +280,7 @@ def drain_timeout_trial(
     policy: Any, clients: int = 6, delay: float = 0.6, drain_timeout: float = 1.0
 ) -> Trial:
     """Issue #66: more work in flight at the stop than the drain timeout allows (``clients``
-    websocket requests, one ``delay`` s forward pass each, ``max_batch`` 1). Each client still gets
+    websocket requests and 2 HTTP ones, one ``delay`` s forward pass each, ``max_batch`` 1). Each client still gets
     a reply before its close: actions, or an explicit "shutting down" error, never the bare close;
     the server is done within the drain timeout plus one forward pass and the closing steps."""
     from openpi_client.websocket_client_policy import WebsocketClientPolicy
@@ -306,11 +306,21 @@ def drain_timeout_trial(
             with lock:
                 got.append(r)
 
+        def http(i: int) -> None:
+            try:
+                status = post_act(srv.http_port, act_body(100 + i), timeout=30)[0]
+                r = {200: "actions", 503: "shutting down"}.get(status, f"http {status}")
+            except Exception as e:  # a cut connection: no reply
+                r = f"NO REPLY (http {type(e).__name__})"
+            with lock:
+                got.append(r)
+
         threads = [threading.Thread(target=one, args=(c, i), daemon=True) for i, c in enumerate(conns)]
+        threads += [threading.Thread(target=http, args=(i,), daemon=True) for i in range(2)]
         for t in threads:
             t.start()
         deadline = time.time() + 30
-        while srv.metrics.in_flight < clients and time.time() < deadline:
+        while srv.metrics.in_flight < clients + 2 and time.time() < deadline:
             time.sleep(0.005)
         t0 = time.perf_counter()
         th.loop.call_soon_threadsafe(th.stop_event.set)
@@ -322,7 +332,7 @@ def drain_timeout_trial(
         th.__exit__(None, None, None)
     kinds = {k: got.count(k) for k in sorted(set(got))}
     ok = (
-        len(got) == clients
+        len(got) == clients + 2
         and set(kinds) <= {"actions", "shutting down"}
         and kinds.get("shutting down", 0) > 0  # the timeout was reached: the case under test
         and srv.unanswered == 0

@@ -342,6 +342,7 @@ class PolicyServer:
         self.unanswered = 0  # websocket messages that arrived before a close and got no reply
         self._drain_started: asyncio.Event | None = None  # made on the serving loop
         self._drain_deadline: asyncio.Event | None = None  # set when the drain timeout is reached
+        self._deadline_passed = False  # the same, for the HTTP handler threads
         # msgpack decoding and the observation check of a large image take tens of ms: off the loop
         self._decoder = concurrent.futures.ThreadPoolExecutor(2, thread_name_prefix="vla-decode")
         self.ready = threading.Event()
@@ -457,6 +458,19 @@ class PolicyServer:
         finally:
             self.metrics.add("in_flight", -1)
 
+    def _http_result(self, fut: concurrent.futures.Future) -> tuple:
+        """``fut``'s result for an HTTP handler thread, or ``Unavailable`` (a 503) once the drain
+        timeout has passed: the process is about to exit, and a reply beats a cut connection."""
+        while True:
+            try:
+                return fut.result(timeout=0.05)
+            except concurrent.futures.TimeoutError:
+                if self._deadline_passed:
+                    fut.cancel()
+                    raise Unavailable(
+                        f"server is shutting down: no answer within the {self.drain_timeout_s:g} s drain timeout"
+                    ) from None
+
     async def _before_deadline(self, aw: Any) -> Any:
         """``await aw``, unless the drain timeout comes first: then ``Unavailable``, so the request
         gets an explicit "shutting down" reply before its connection is closed, never the bare close."""
@@ -521,6 +535,7 @@ class PolicyServer:
             # grace sleep below), not a bare close, and the exit does not wait for its forward pass.
             reason = f"server is shutting down: no answer within the {self.drain_timeout_s:g} s drain timeout"
             abandoned = self.batcher.abandon(reason)
+            self._deadline_passed = True
             self._drain_deadline.set()
             log.info(
                 "shutting down: %d request(s) in flight at the signal, %d answered in %.1f s%s%s",
@@ -626,7 +641,7 @@ def _make_http_handler(srv: PolicyServer) -> type[BaseHTTPRequestHandler]:
             srv.metrics.add("in_flight", 1)
             try:
                 fut = srv._act(obs_from_json(body, srv.max_bytes))
-                result, timing = fut.result()
+                result, timing = srv._http_result(fut)
             except (WireError, ObsError) as e:
                 return self._error(400, str(e), "bad_request")
             except Unavailable as e:
