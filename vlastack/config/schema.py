@@ -495,7 +495,7 @@ class TrainConfig:
     # compiles in half the time: 66 s against 134 s cold on a 2-core AVX2 EPYC, but the demo's
     # steps ran ~17% slower there in training). FSDP always compiles blocks.
     compile_scope: str = "model"
-    parallel: str = "none"  # none | ddp | fsdp
+    parallel: str = "none"  # none | ddp | fsdp | hsdp (shard within a node, replicate across nodes)
     seed: int = 0
     log_every: int = 10
     save_every: int = 500
@@ -528,9 +528,9 @@ class TrainConfig:
         )
         _check(self.optimizer in ("adamw", "adamw8bit"), "optimizer", f"unknown optimizer {self.optimizer!r}")
         _check(
-            self.parallel in ("none", "ddp", "fsdp"),
+            self.parallel in ("none", "ddp", "fsdp", "hsdp"),
             "parallel",
-            f"must be none|ddp|fsdp, got {self.parallel!r}",
+            f"must be none|ddp|fsdp|hsdp, got {self.parallel!r}",
         )
         _check(
             self.compile_scope in ("model", "blocks"),

@@ -109,7 +109,12 @@ class LiveTensorTracker(TorchDispatchMode):
         self.peak_snapshot: dict[int, int] = {}
         self.peak_roles: dict[str, set[int]] = {}
         self.peak_phase = ""
-        self.phase = "setup"
+        # the peak of each phase (forward, backward, optimizer, ...) with its own snapshot, taken
+        # like the global one: when memory is about to fall, or when the phase ends
+        self.phase_peaks: dict[str, int] = {}
+        self.phase_snapshots: dict[str, tuple] = {}
+        self._phase_dirty: str | None = None
+        self._phase = "setup"
         self.saved: dict[int, str] = {}  # storage key -> module that saved it for backward
         self.module_stack: list[str] = []
         self.timeline: list[tuple[float, int, str]] = []  # (perf_counter s, live bytes, phase)
@@ -146,12 +151,17 @@ class LiveTensorTracker(TorchDispatchMode):
         if self.total > self.peak:
             self.peak = self.total
             self._dirty = True
+        if self.total > self.phase_peaks.get(self._phase, 0):
+            self.phase_peaks[self._phase] = self.total
+            self._phase_dirty = self._phase
 
     def _free(self, key: int) -> None:
         if self.pending.pop(key, None) is not None:  # a temporary of a deferred step
             return
         if self._dirty:  # memory is about to fall: the moment before was a new peak
             self._take_snapshot()
+        if self._phase_dirty:
+            self._take_phase_snapshot()
         self.total -= self.live.pop(key, 0)
         self.saved.pop(key, None)
 
@@ -162,11 +172,29 @@ class LiveTensorTracker(TorchDispatchMode):
             self.live[key] = n
             self.total += n
         self.pending.clear()
+        if self.total > self.phase_peaks.get(self._phase, 0):
+            self.phase_peaks[self._phase] = self.total
+            self._take_phase_snapshot(self._phase)
         if self.total > self.peak:
             self.peak = self.total
             # Now, not at the next free: that is ``zero_grad`` dropping a gradient, and reading
             # the parameters' storages from inside that finalizer crashes torch (seen: segfault).
             self._take_snapshot()
+
+    @property
+    def phase(self) -> str:
+        return self._phase
+
+    @phase.setter
+    def phase(self, value: str) -> None:
+        if value != self._phase and self._phase_dirty:  # the ending phase's peak is now final
+            self._take_phase_snapshot()
+        self._phase = value
+
+    def _take_phase_snapshot(self, phase: str | None = None) -> None:
+        phase = phase or self._phase_dirty
+        self._phase_dirty = None
+        self.phase_snapshots[phase] = (dict(self.live), self.roles(), dict(self.saved))
 
     def _take_snapshot(self) -> None:
         self._dirty = False
@@ -178,6 +206,8 @@ class LiveTensorTracker(TorchDispatchMode):
     def finish(self) -> None:
         if self._dirty:
             self._take_snapshot()
+        if self._phase_dirty:
+            self._take_phase_snapshot()
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if self.fake_scalars and func in (
@@ -228,6 +258,8 @@ class LiveTensorTracker(TorchDispatchMode):
                 self._end_defer()
             if self._dirty:  # see _end_defer: not from inside zero_grad's finalizers
                 self._take_snapshot()
+            if self._phase_dirty:
+                self._take_phase_snapshot()
 
         if optimizer is not None:
             handles.append(optimizer.register_step_pre_hook(step_pre))
@@ -250,29 +282,43 @@ class LiveTensorTracker(TorchDispatchMode):
     def breakdown(self, module_depth: int = 3) -> dict:
         """Bytes per category at the peak, and saved activations per module (``module_depth`` name parts)."""
         self.finish()
-        roles, snap = self.peak_roles, self.peak_snapshot
-        cats = dict.fromkeys(CATEGORIES, 0)
         per_module: dict[str, int] = {}
-        saved = getattr(self, "peak_saved", {})
-        for key, n in snap.items():
-            for cat in ("parameters", "gradients", "optimizer_state", "inputs"):
-                if key in roles.get(cat, ()):
-                    cats[cat] += n
-                    break
-            else:
-                if key in saved:
-                    cats["activations"] += n
-                    mod = ".".join(saved[key].split(".")[:module_depth])
-                    per_module[mod] = per_module.get(mod, 0) + n
-                else:
-                    cats["temporaries"] += n
+        cats = _categorise(self.peak_snapshot, self.peak_roles, getattr(self, "peak_saved", {}), per_module,
+                           module_depth)  # fmt: skip
         top = dict(sorted(per_module.items(), key=lambda kv: -kv[1])[:12])
+        phases = {
+            ph: {"peak_bytes": self.phase_peaks[ph], "categories": _categorise(*self.phase_snapshots[ph])}
+            for ph in self.phase_snapshots
+        }
         return {
             "peak_bytes": self.peak,
             "phase_at_peak": self.peak_phase,
             "categories": cats,
             "activations_by_module": top,
+            "phases": phases,  # each phase's own peak and breakdown (vla plan's FSDP derivation)
         }
+
+
+def _categorise(
+    snap: dict, roles: dict, saved: dict, per_module: dict | None = None, module_depth: int = 3
+) -> dict:
+    """Bytes per category of a snapshot of live storages (saved activations per module into
+    ``per_module``)."""
+    cats = dict.fromkeys(CATEGORIES, 0)
+    for key, n in snap.items():
+        for cat in ("parameters", "gradients", "optimizer_state", "inputs"):
+            if key in roles.get(cat, ()):
+                cats[cat] += n
+                break
+        else:
+            if key in saved:
+                cats["activations"] += n
+                if per_module is not None:
+                    mod = ".".join(saved[key].split(".")[:module_depth])
+                    per_module[mod] = per_module.get(mod, 0) + n
+            else:
+                cats["temporaries"] += n
+    return cats
 
 
 def training_roles(

@@ -44,9 +44,10 @@ BYTES_8BIT_STATE = 2 + 8 / 256  # two uint8 moments + one fp32 absmax per 256-va
 # ----------------------------------------------------------------------------- one run (fake or real)
 
 
-def _build(cfg: Config, fused: bool = False):
+def _build(cfg: Config, fused: bool = False, wrap=None):
     """The model as the trainer builds it (LoRA, activation checkpointing), and its optimizer
-    (``fused``: the fused AdamW a GPU runs, else the CPU's foreach)."""
+    (``fused``: the fused AdamW a GPU runs, else the CPU's foreach). ``wrap(model)``: called before
+    the optimizer is built, as the trainer applies DDP or FSDP2 (the caller keeps the wrapper)."""
     from vlastack.models.vla import build_model
     from vlastack.nn.lora import apply_lora
     from vlastack.train.optim import build_optimizer, freeze_parts
@@ -61,6 +62,8 @@ def _build(cfg: Config, fused: bool = False):
         freeze_parts(model, t)  # as the trainer: a frozen part's adapters stay frozen
     if t.activation_checkpointing:
         apply_activation_checkpointing(model)
+    if wrap is not None:
+        wrap(model)
     adamw = replace(t, optimizer="adamw")  # 8-bit is derived, see the module docstring
     return model, build_optimizer(model, adamw, fused=fused)
 

@@ -5,7 +5,9 @@ or patch it from the outside.
 
 - ``apply_activation_checkpointing(model)``: recompute each transformer block in backward.
 - ``apply_ddp(model)``: ``DistributedDataParallel`` (returns the wrapper).
-- ``apply_fsdp(model, mp_policy)``: FSDP2 ``fully_shard`` per block, then the root (in place).
+- ``apply_fsdp(model, mp_policy)``: FSDP2 ``fully_shard`` per block, then the root (in place);
+  with ``mesh=hsdp_mesh(...)`` (a 2-D replicate x shard mesh) it is HSDP: parameters sharded over
+  the GPUs of a node and replicated across nodes.
 """
 
 from __future__ import annotations
@@ -151,18 +153,43 @@ def apply_ddp(model: nn.Module, device: torch.device) -> nn.Module:
     return DDP(model, device_ids=ids)
 
 
-def apply_fsdp(model: nn.Module, mp_policy=None, reshard_after_forward: bool = True) -> nn.Module:
+def apply_fsdp(model: nn.Module, mp_policy=None, reshard_after_forward: bool = True, mesh=None) -> nn.Module:
     """FSDP2: ``fully_shard`` every block, then the whole model (in place; returns it).
 
     ``mp_policy`` is a ``MixedPrecisionPolicy`` (e.g. bf16 params, fp32 reductions) or None.
+    ``mesh``: None shards over every rank (FSDP); a 2-D ``("replicate", "shard")`` mesh
+    (``hsdp_mesh``) makes ``fully_shard`` do HSDP.
     """
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     mp_policy = mp_policy or MixedPrecisionPolicy()
+    kw = {"mp_policy": mp_policy, "reshard_after_forward": reshard_after_forward}
+    if mesh is not None:
+        kw["mesh"] = mesh
     for block in blocks(model):
-        fully_shard(block, mp_policy=mp_policy, reshard_after_forward=reshard_after_forward)
-    fully_shard(model, mp_policy=mp_policy, reshard_after_forward=reshard_after_forward)
+        fully_shard(block, **kw)
+    fully_shard(model, **kw)
     return model
+
+
+def hsdp_mesh(device_type: str, world_size: int, node_size: int | None = None):
+    """The ``(nodes, node_size)`` device mesh of HSDP: shard within a node, replicate across nodes.
+
+    ``node_size``: ranks per node (default: torchrun's ``LOCAL_WORLD_SIZE``); it must divide the
+    world size. One node makes HSDP plain FSDP (a 1 x W mesh).
+    """
+    from torch.distributed.device_mesh import init_device_mesh
+
+    if node_size is None:
+        node_size = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
+    if node_size < 1 or world_size % node_size:
+        raise ValueError(
+            f"HSDP: the world size {world_size} is not a whole number of nodes of {node_size} ranks "
+            "(LOCAL_WORLD_SIZE): launch the same number of processes on every node"
+        )
+    return init_device_mesh(
+        device_type, (world_size // node_size, node_size), mesh_dim_names=("replicate", "shard")
+    )
 
 
 def fsdp_mp_policy(precision: str):

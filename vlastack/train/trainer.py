@@ -45,6 +45,7 @@ from vlastack.train.parallel import (
     apply_ddp,
     apply_fsdp,
     fsdp_mp_policy,
+    hsdp_mesh,
     init_distributed,
     uncompile,
 )
@@ -222,7 +223,7 @@ class Trainer:
         self.cfg = cfg
         self.run_dir = Path(run_dir or t.out_dir)
         self.is_main = self.dist.is_main
-        self.fsdp = t.parallel == "fsdp"
+        self.fsdp = t.parallel in ("fsdp", "hsdp")  # HSDP is FSDP2 on a 2-D mesh: same state dicts
         self.bar: Progress | None = None  # the live progress bar while ``fit`` runs
         # SIGTERM / Ctrl-C finish the step and save (active while ``fit`` runs; see train/runctl.py).
         self.stop = StopSignals(self._message if self.is_main else (lambda msg: None))
@@ -299,12 +300,13 @@ class Trainer:
         self.compiled = bool(t.compile)
         self._compile_checked = False  # the first compiled step may fall back to eager
         if t.compile:
-            apply_compile(model, regional=t.parallel == "fsdp" or t.compile_scope == "blocks")
+            apply_compile(model, regional=self.fsdp or t.compile_scope == "blocks")
         self.model = model  # the unwrapped module (FSDP2 shards it in place)
         if t.parallel == "ddp":
             self.wrapped = apply_ddp(model, self.device)
         elif self.fsdp:
-            self.wrapped = apply_fsdp(model, fsdp_mp_policy(t.precision))
+            mesh = hsdp_mesh(self.device.type, self.dist.world_size) if t.parallel == "hsdp" else None
+            self.wrapped = apply_fsdp(model, fsdp_mp_policy(t.precision), mesh=mesh)
         else:
             self.wrapped = model
 
