@@ -266,7 +266,11 @@ def test_lockstep_workers_real_policy(tmp_path):
         cameras=cfg.camera_names,
     )  # fmt: skip
     assert [e["seed"] for e in res["episodes"]] == list(range(1_000_000, 1_000_006))
-    assert all(e["steps"] == 6 for e in res["episodes"]) and res["config"]["batch_episodes"] == 3
+    # Every episode ran to its end: the step limit, or an early success (random weights and flow
+    # noise from an unseeded generator can touch a reach target by chance; seen once in a full run).
+    assert (
+        all(e["steps"] == 6 or e["success"] for e in res["episodes"]) and res["config"]["batch_episodes"] == 3
+    )
 
 
 class Interrupted(ExpertPolicy):

@@ -430,7 +430,7 @@ def _run_jobs(spec, cfg: EvalConfig, env_kw, run_kw, jobs, names, name, lockstep
     if cfg.ray_address:  # one Ray task per episode (batch_episodes groups stay a local-worker feature)
         from vlastack.sim.ray_pool import run_on_ray
 
-        return run_on_ray(cfg.ray_address, spec, env_kw, run_kw, jobs, finished)
+        return run_on_ray(cfg.ray_address, _episode_job, spec, env_kw, run_kw, jobs, finished)
     if num_workers == 0:
         from vlastack.sim.env import make_env
 

@@ -36,14 +36,6 @@ def _ray():
     return ray
 
 
-def _episode_on_ray(spec: Any, env_kw: dict, run_kw: dict, job: tuple) -> dict:
-    from vlastack.sim.evaluate import _episode_job, _init_worker
-
-    if "OMP_NUM_THREADS" not in os.environ:
-        _init_worker(1)  # one CPU per task, as Ray schedules it
-    return _episode_job(spec, env_kw, run_kw, *job)
-
-
 def connect(address: str) -> Any:
     """Join (or, for ``local``, start) the Ray cluster at ``address``: ``auto``, ``HOST:PORT`` or
     ``ray://HOST:10001``. Returns the ``ray`` module."""
@@ -57,18 +49,20 @@ def connect(address: str) -> Any:
 
 def run_on_ray(
     address: str,
+    episode_job: Callable[..., dict],
     spec: Any,
     env_kw: dict,
     run_kw: dict,
     jobs: list[tuple],
     on_result: Callable[[dict], Any] | None = None,
 ) -> list[dict]:
-    """``jobs`` (episode, task, seed, record) as Ray tasks -> their records in episode order;
-    ``on_result`` gets each record as it arrives."""
+    """``episode_job(spec, env_kw, run_kw, *job)`` for each of ``jobs`` (episode, task, seed,
+    record) as a Ray task -> the records in episode order; ``on_result`` gets each as it arrives.
+    (The evaluator passes its own worker function, so this module imports nothing of it.)"""
     ray = connect(address)
-    remote = ray.remote(num_cpus=1, max_retries=RETRIES)(_episode_on_ray)
+    remote = ray.remote(num_cpus=1, max_retries=RETRIES)(_call)
     spec_ref, env_ref, run_ref = ray.put(spec), ray.put(env_kw), ray.put(run_kw)
-    pending = {remote.remote(spec_ref, env_ref, run_ref, job): job for job in jobs}
+    pending = {remote.remote(episode_job, spec_ref, env_ref, run_ref, *job): job for job in jobs}
     results: dict[int, dict] = {}
     try:
         while pending:
@@ -83,7 +77,8 @@ def run_on_ray(
     return [results[j[0]] for j in jobs]
 
 
-def _call(fn: Callable, args: tuple) -> Any:
+def _call(fn: Callable, *args: Any) -> Any:
+    # (top-level arguments: Ray resolves the object references among them before the call)
     if "OMP_NUM_THREADS" not in os.environ:
         os.environ["OMP_NUM_THREADS"] = "1"  # one CPU per task, as Ray schedules it
     return fn(*args)
@@ -101,7 +96,7 @@ class RayMap:
         self._refs: list = []
 
     def map(self, fn: Callable, *iterables: Any):
-        refs = [self._remote.remote(fn, args) for args in zip(*iterables, strict=True)]
+        refs = [self._remote.remote(fn, *args) for args in zip(*iterables, strict=True)]
         self._refs += refs
 
         def results():
