@@ -200,3 +200,13 @@ def test_adding_a_head_page_shows_the_shipped_oft_head():
     block = page.split("# vlastack/models/heads/oft.py\n", 1)[1].split("```", 1)[0]
     assert block == (root / "vlastack" / "models" / "heads" / "oft.py").read_text()
     assert inspect.getsource(OFTOptions) in page
+
+
+def test_every_registered_head_is_documented_where_heads_are_listed():
+    """The registry is the one list of heads: the package docstring that describes them names each
+    (a head added to config.HEAD_SPECS without a line there fails here)."""
+    import vlastack.models.heads as heads
+    from vlastack.config import HEAD_SPECS
+
+    missing = [name for name in HEAD_SPECS if f"``{name}``" not in heads.__doc__]
+    assert not missing, f"heads missing from vlastack/models/heads/__init__.py's docstring: {missing}"

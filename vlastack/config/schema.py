@@ -245,7 +245,7 @@ class ModelConfig:
     expert: DecoderConfig = field(
         default_factory=lambda: DecoderConfig(width=1024, depth=18, mlp_dim=4096, vocab_size=1)
     )
-    head: str = "flow"  # flow | tokens
+    head: str = "flow"  # a name in the head registry, config.HEAD_NAMES (config/heads.py)
     # Flow-head variant. "pi0": a state token in the suffix, the flow time mixed into the action
     # tokens. "pi05": the state written into the prompt as 256-bin tokens, no state token, and the
     # flow time conditioning the action expert's adaptive RMSNorms (see models/heads/flow.py).

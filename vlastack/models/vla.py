@@ -6,8 +6,8 @@
     out = model.sample(batch)               # ActionOutput(actions, valid)
     model.save_pretrained("ckpt/"); model = VLA.from_pretrained("ckpt/")
 
-The head is chosen by ``cfg.head`` from ``models.heads.HEADS``: "flow" (Pi0/Pi0.5 flow matching
-with an action expert) or "tokens" (discrete action tokens from the VLM's own LM head). ``VLA``
+The head is chosen by ``cfg.head`` from ``models.heads.HEADS``, built from the registry
+``config.HEAD_SPECS`` (the heads and what each does: ``models/heads/__init__.py``). ``VLA``
 subclasses ``Backbone`` so its weights keep their names (``vision.*``, ``decoder.*``, ``head.*``);
 heads see it only as a ``Backbone``.
 """

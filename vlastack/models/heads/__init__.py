@@ -3,10 +3,11 @@ registry ``config.HEAD_SPECS`` (``config/heads.py``: each head's classes and cap
 
 - ``flow``: Pi0 / Pi0.5 flow matching with an action expert (``flow.py``);
 - ``tokens``: discrete action tokens from the VLM's LM head: bins, FAST, parallel (``tokens.py``);
+- ``oft``: OpenVLA-OFT-style parallel decoding of a whole chunk with L1 regression (``oft.py``);
 - add-on: ``model.grounding.points > 0`` builds the spec's ``grounded`` class: ``GroundedFlowHead``
   (``grounding.py``) or ``GroundedTokenHead`` (``grounded_tokens.py``).
 
-Adding a head: docs/adding-a-head.md.
+Adding a head: docs/adding-a-head.md. (Every registered head is listed above: a test checks it.)
 """
 
 from __future__ import annotations
