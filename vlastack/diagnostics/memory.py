@@ -346,33 +346,39 @@ def training_roles(
     return roles
 
 
-def cpu_allocator_peak(fn: Callable[[], object]) -> int:
-    """Peak bytes held by torch's CPU allocator while ``fn`` runs, counting only what ``fn`` allocates.
-
-    Uses the profiler's memory events (every allocation and free the CPU allocator makes while
-    ``profile_memory=True``); kernel-internal buffers count, pages the OS has not touched yet count
-    too (they are allocated). Meant for measurement runs, not hot loops: it records every op.
-    """
+def cpu_allocation_events(fn: Callable[[], object]) -> list[tuple[int, int, int]]:
+    """Every allocation and free torch's CPU allocator makes while ``fn`` runs, in time order:
+    (time ns, bytes: + allocated / - freed, the allocator's running total after it). From the
+    profiler's memory events (``profile_memory=True``); it records every op, so it is for
+    measurement runs, not hot loops."""
     from torch._C._profiler import _EventType
     from torch.profiler import ProfilerActivity, profile
 
     gc.collect()  # garbage from earlier runs would otherwise be freed (and counted) in this one
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         fn()
-    # Each allocation event carries the allocator's running total of what it handed out while a
-    # profiler recorded memory (in this or an earlier session): the peak is the largest total
-    # minus the total just before this session's first allocation.
     events, stack = [], list(prof.profiler.kineto_results.experimental_event_tree())
     while stack:
         node = stack.pop()
         stack.extend(node.children)
         if node.tag == _EventType.Allocation and node.extra_fields.device.type == "cpu":
-            events.append(
-                (node.start_time_ns, node.extra_fields.alloc_size, node.extra_fields.total_allocated)
-            )
+            f = node.extra_fields
+            events.append((node.start_time_ns, f.alloc_size, f.total_allocated))
+    events.sort()
+    return events
+
+
+def cpu_allocator_peak(fn: Callable[[], object]) -> int:
+    """Peak bytes held by torch's CPU allocator while ``fn`` runs, counting only what ``fn`` allocates.
+
+    Kernel-internal buffers count, pages the OS has not touched yet count too (they are allocated).
+    """
+    events = cpu_allocation_events(fn)
     if not events:
         return 0
-    events.sort()
+    # Each event carries the allocator's running total of what it handed out while a profiler
+    # recorded memory (in this or an earlier session): the peak is the largest total minus the
+    # total just before this session's first allocation.
     base = events[0][2] - events[0][1]
     return max(e[2] for e in events) - base
 

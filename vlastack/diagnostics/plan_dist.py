@@ -74,20 +74,9 @@ def allocator_phases(fn) -> dict:
     """Torch's CPU allocator while ``fn`` runs, split at each ``_mark()`` it calls: the peak of each
     phase (bytes held, counting what ``fn`` allocated before it too) and the bytes held at each mark.
     The same profiler memory events as ``memory.cpu_allocator_peak``."""
-    from torch._C._profiler import _EventType
-    from torch.profiler import ProfilerActivity, profile
+    from vlastack.diagnostics.memory import cpu_allocation_events
 
-    gc.collect()
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        fn()
-    events, stack = [], list(prof.profiler.kineto_results.experimental_event_tree())
-    while stack:
-        node = stack.pop()
-        stack.extend(node.children)
-        if node.tag == _EventType.Allocation and node.extra_fields.device.type == "cpu":
-            f = node.extra_fields
-            events.append((node.start_time_ns, f.alloc_size, f.total_allocated))
-    events.sort()
+    events = cpu_allocation_events(fn)
     base = events[0][2] - events[0][1]
     peaks, held, cur = [0], [], 0
     for _t, size, total in events:
