@@ -316,9 +316,16 @@ class Trainer:
         self.ema = EMA(model, t.ema_decay) if t.ema_decay > 0 else None
         self.aug_gen = torch.Generator().manual_seed(t.seed + 7919 * (self.dist.rank + 1))
         self.step, self.position, self.bad_in_row, self.bad_total = 0, 0, 0, 0
-        # Per-rank training randomness (flow noise and time) differs across ranks.
+        # Per-rank training randomness (dropout, teacher-forcing noise...) differs across ranks.
         seed = t.seed + 1 + self.dist.rank
         torch.manual_seed(seed), np.random.seed(seed), random.seed(seed)
+        # Several ranks: the head's loss draws (the flow head's noise and time) come from one
+        # generator every rank shares, seeded as one process's global RNG is, drawn for the global
+        # batch and sliced per rank (``HeadBase.loss_draws``), so N ranks train as one process does
+        # on the same global batch. Training-time RTC draws its delays first, so it keeps per-rank draws.
+        self.draw_gen = None
+        if self.dist.world_size > 1 and not t.rtc.max_delay:
+            self.draw_gen = torch.Generator(device=self.device).manual_seed(t.seed + 1)
         if self.is_main:  # leftovers of a killed save would block this run's saves and hold disk space
             self.warnings += [f"removed {p} (left by an interrupted save)" for p in ck.sweep(self.run_dir)]
         if resume:
@@ -472,7 +479,7 @@ class Trainer:
             }
             save_state(state, tmp / "train_state", "state")
         self._barrier()
-        local = {"rng": rng_state({"aug": self.aug_gen})}
+        local = {"rng": rng_state(self._generators())}
         if self.ema is not None:
             local["ema"] = self.ema.state_dict()  # local shards under FSDP2
         save_state(local, tmp / "train_state", f"rank{self.dist.rank}")
@@ -513,7 +520,7 @@ class Trainer:
         rank_file = path / "train_state" / f"rank{self.dist.rank}.json"
         if rank_file.exists():
             local = load_state(path / "train_state", f"rank{self.dist.rank}")
-            set_rng_state(local["rng"], {"aug": self.aug_gen})
+            set_rng_state(local["rng"], self._generators())
             if self.ema is not None:
                 self.ema.load_state_dict(local["ema"])
         self.step, self.position, self.bad_total = state["step"], state["position"], state["bad_total"]
@@ -629,6 +636,30 @@ class Trainer:
             self.position += 1
         return micro
 
+    def _generators(self) -> dict[str, torch.Generator]:
+        """The trainer's own generators, saved and restored with each rank's RNG state."""
+        return {"aug": self.aug_gen, **({"draws": self.draw_gen} if self.draw_gen is not None else {})}
+
+    def _shared_draws(self, micro: list[Batch]) -> list[dict] | None:
+        """Each micro-batch's loss draws for the global batch, this rank's slice (see ``draw_gen``);
+        None where the head draws in its own forward."""
+        w, r, head = self.dist.world_size, self.dist.rank, self.model.head
+        out = []
+        for mb in micro:
+            b = len(mb["state"])
+            d = head.loss_draws(w * b, tuple(mb["actions"].shape[1:]), self.draw_gen)
+            if d is None:
+                return None
+            d = {k: v[r * b : (r + 1) * b] for k, v in d.items()}
+            # Padded steps make ranks' counts differ: dividing each rank's sum by the global count
+            # (over W, which DDP's gradient mean undoes) gives the global batch's mean.
+            if (n := head.loss_terms(mb)) is not None:
+                n = n.detach().float().clone()
+                torch.distributed.all_reduce(n)
+                d["loss_denominator"] = n / w
+            out.append(d)
+        return out
+
     def _optimizer_step(self, micro: list[Batch]):
         """One optimizer step, the LR schedule's step and the EMA update; returns (result, lr used)."""
         t = self.cfg.train
@@ -638,6 +669,8 @@ class Trainer:
             kw = [
                 {"prefix_len": torch.randint(0, n, (len(mb["state"]),), device=self.device)} for mb in micro
             ]
+        elif self.draw_gen is not None:
+            kw = self._shared_draws(micro)
         if self.compiled and not self._compile_checked:
             res = self._first_compiled_step(micro, kw)
         else:

@@ -13,6 +13,7 @@ import warnings
 from pathlib import Path
 from typing import Any, NamedTuple, Protocol
 
+import torch
 from torch import Tensor, nn
 
 from vlastack.batch import Batch
@@ -76,6 +77,22 @@ class ActionHead(Protocol):
         """Initialise the head's own layers; ``VLA`` calls it after initialising the backbone."""
         ...
 
+    def loss_terms(self, batch: Batch) -> Tensor | None:
+        """How many terms ``loss`` averages over in ``batch`` (e.g. real action steps x dims), so the
+        trainer can divide every rank's sum by the global batch's count (``loss_denominator``);
+        None: the loss is a plain mean over samples, or the head does not say."""
+        ...
+
+    def loss_draws(
+        self, batch_size: int, actions_shape: tuple[int, ...], generator: torch.Generator
+    ) -> dict | None:
+        """The random draws of one training loss over ``batch_size`` samples, from ``generator``, in
+        the order ``loss`` draws them itself; passed back to ``loss`` as its ``kwargs``. The trainer
+        draws them for the global batch under DDP/FSDP and gives each rank its slice, so several
+        ranks train as one process does on the same global batch. None: the loss draws in its own
+        forward (each rank then draws its own: equal in distribution, not step for step)."""
+        ...
+
 
 class HeadBase(nn.Module):
     """No-op defaults for the optional hooks of ``ActionHead``."""
@@ -100,6 +117,14 @@ class HeadBase(nn.Module):
 
     def check_exportable(self) -> None:
         pass
+
+    def loss_terms(self, batch: Batch) -> Tensor | None:
+        return None
+
+    def loss_draws(
+        self, batch_size: int, actions_shape: tuple[int, ...], generator: torch.Generator
+    ) -> dict | None:
+        return None
 
     def compile_decoding(self, **kwargs: Any) -> None:
         # A head without a compilable decode step says so: Policy(compile=True) must never be a

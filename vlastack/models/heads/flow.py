@@ -51,12 +51,18 @@ def sample_time(batch_size: int, device: torch.device, generator: torch.Generato
     return u.pow(1.0 / 1.5) * 0.999 + 0.001
 
 
-def flow_mse(v: Tensor, u: Tensor, batch: Batch) -> dict[str, Tensor]:
-    """MSE between velocity v and target u [B, H, A] over real (unpadded) steps and dims."""
-    weight = (~batch["action_is_pad"])[:, :, None] & batch["action_dim_mask"][:, None, :]
-    weight = weight.float()
+def loss_weight(batch: Batch) -> Tensor:
+    """1 for each real (unpadded) step and dim of the actions, else 0: float [B, H, A]."""
+    return ((~batch["action_is_pad"])[:, :, None] & batch["action_dim_mask"][:, None, :]).float()
+
+
+def flow_mse(v: Tensor, u: Tensor, batch: Batch, denominator: Tensor | None = None) -> dict[str, Tensor]:
+    """MSE between velocity v and target u [B, H, A] over real (unpadded) steps and dims.
+    ``denominator``: the number of real terms to divide by (default: this batch's); several ranks
+    pass the global batch's over the world size, so their averaged gradients are the global mean's."""
+    weight = loss_weight(batch)
     se = (v - u).pow(2) * weight
-    loss = se.sum() / weight.sum().clamp(min=1.0)
+    loss = se.sum() / (weight.sum() if denominator is None else denominator).clamp(min=1.0)
     return {"loss": loss, "mse_per_sample": se.sum((1, 2)) / weight.sum((1, 2)).clamp(min=1.0)}
 
 
@@ -155,6 +161,18 @@ class FlowHead(HeadBase):
         out = backbone.decoder([prefix, suffix], positions, mask, vlm_output=False, cond=[None, cond]).expert
         return self.action_out_proj(out[:, self.n_state :]).float()
 
+    def loss_terms(self, batch: Batch) -> Tensor:
+        """The number of terms ``loss`` averages over (``HeadBase.loss_terms``)."""
+        return loss_weight(batch).sum()
+
+    def loss_draws(
+        self, batch_size: int, actions_shape: tuple[int, ...], generator: torch.Generator
+    ) -> dict | None:
+        """``noise`` [B, H, A] then ``time`` [B], as ``loss`` draws them (``HeadBase.loss_draws``)."""
+        device = generator.device
+        noise = torch.randn((batch_size, *actions_shape), generator=generator, device=device)
+        return {"noise": noise, "time": sample_time(batch_size, device, generator)}
+
     def loss(
         self,
         backbone: Backbone,
@@ -162,9 +180,11 @@ class FlowHead(HeadBase):
         noise: Tensor | None = None,
         time: Tensor | None = None,
         prefix_len: Tensor | None = None,
+        loss_denominator: Tensor | None = None,
     ) -> dict[str, Tensor]:
         """Flow-matching MSE over real (unpadded) steps and dims. -> {"loss": scalar fp32, ...}.
-        ``noise`` [B, H, A] and ``time`` [B]: fixed draws (tests), else sampled. ``prefix_len``
+        ``noise`` [B, H, A] and ``time`` [B]: fixed draws (tests, or the trainer's shared draws under
+        DDP/FSDP), else sampled; ``loss_denominator``: see ``flow_mse``. ``prefix_len``
         long [B] (training-time RTC, ``train.rtc``): each sample's first d actions are the
         committed prefix: given clean (flow time 0) and left out of the loss."""
         actions = batch["actions"].float()
@@ -180,7 +200,7 @@ class FlowHead(HeadBase):
         u = eps - actions
         prefix, prefix_pad = backbone.embed_prefix(batch)
         v, aux = self.train_velocity(backbone, batch, prefix, prefix_pad, x_t, t)
-        return self.extra_losses(flow_mse(v, u, batch), aux, batch)
+        return self.extra_losses(flow_mse(v, u, batch, loss_denominator), aux, batch)
 
     # ------------------------------------------------------------------ sampling
 

@@ -122,6 +122,11 @@ class GroundedFlowHead(FlowHead):
     inputs; the same names and order as before the add-on was split out of ``FlowHead``.
     """
 
+    def loss_draws(
+        self, batch_size: int, actions_shape: tuple[int, ...], generator: torch.Generator
+    ) -> dict | None:
+        return None  # its loss also draws teacher-forcing noise: each rank draws its own
+
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__(cfg)
         g = cfg.grounding
