@@ -83,6 +83,17 @@ def save(res: dict) -> None:
     print(f"wrote {RESULTS}")
 
 
+def final_policy(run: Path) -> Path:
+    """The run's policy to score: its EMA weights when the recipe keeps them (train.ema_decay), as
+    `vla demo` and in-training eval do."""
+    return run / "final" / "ema" if (run / "final" / "ema").is_dir() else run / "final"
+
+
+def read_ledger(run: Path) -> list[dict]:
+    """The run's CPU ledger (one row per training segment), [] before its first segment."""
+    return json.loads((run / LEDGER).read_text()) if (run / LEDGER).is_file() else []
+
+
 def rates(ev: dict) -> dict[str, float]:
     return {t: s["success_rate"] for t, s in ev["tasks"].items()}
 
@@ -186,7 +197,7 @@ def cmd_train(args: argparse.Namespace) -> None:
     from vlastack.train.checkpoint import latest_checkpoint
 
     run = Path(args.run)
-    ledger = json.loads((run / LEDGER).read_text()) if (run / LEDGER).exists() else []
+    ledger = read_ledger(run)
     resume = latest_checkpoint(run) is not None
     cmd = [sys.executable, "-m", "vlastack.cli", "train", "--config", RECIPES[args.suite], "--data", args.data,
            "--out", str(run), *(["--resume"] if resume else []), *args.overrides]  # fmt: skip
@@ -231,8 +242,7 @@ def cmd_eval(args: argparse.Namespace) -> None:
 
     run = Path(args.run)
     out = Path(args.out or run / "eval")
-    # The EMA weights when the recipe keeps them (train.ema_decay), as `vla demo` and in-training eval do.
-    policy = run / "final" / "ema" if (run / "final" / "ema").is_dir() else run / "final"
+    policy = final_policy(run)
     # --resume: an evaluation cut off with its session continues from its journal (hours on MT50).
     argv = ["eval", "--policy", str(policy), "--config", RECIPES[args.suite], "--out", str(out), "--resume",
             "--workers", str(args.workers), *(["--episodes-per-task", str(args.episodes_per_task)]
@@ -298,7 +308,7 @@ def cmd_status(args: argparse.Namespace) -> None:
         parts = data.with_name(data.name + ".parts")
         done = [p for p in parts.glob("*") if p.is_dir() and not p.name.endswith(".partial")]
         say("data", f"{len(done)} of {n_tasks} tasks written, then the merge" if done else "not started")
-    ledger = json.loads((run / LEDGER).read_text()) if (run / LEDGER).is_file() else []
+    ledger = read_ledger(run)
     cpu_h = sum(r["cpu_s"] for r in ledger) / 3600
     if training_done(run):
         say(
@@ -472,7 +482,7 @@ def cmd_grounding(args: argparse.Namespace) -> None:
     from vlastack.sim.metaworld_tasks import expand_tasks
 
     run = Path(args.run)
-    policy = run / "final" / "ema" if (run / "final" / "ema").is_dir() else run / "final"
+    policy = final_policy(run)
     pairs = json.loads((run / "final" / "train_seeds.json").read_text())["episodes"]
     errors = grounding_errors(policy, list(expand_tasks(args.tasks.split(","))), pairs, args.layouts)
     res = load()
@@ -497,7 +507,7 @@ def record(
     ev = json.loads(Path(eval_json).read_text())
     train_config = None
     if run is not None:
-        ledger = json.loads((run / LEDGER).read_text()) if (run / LEDGER).exists() else []
+        ledger = read_ledger(run)
         cpu_hours = cpu_hours if cpu_hours is not None else sum(r["cpu_s"] for r in ledger) / 3600 or None
         seeds_file = run / "final" / "train_seeds.json"
         if seeds_file.exists():
@@ -536,14 +546,14 @@ def cmd_validate(args: argparse.Namespace) -> None:
 
     run = Path(args.run)
     out = run / "eval_val"
-    policy = run / "final" / "ema" if (run / "final" / "ema").is_dir() else run / "final"
+    policy = final_policy(run)
     argv = ["eval", "--policy", str(policy), "--config", RECIPES[args.suite], "--out", str(out), "--resume",
             "--workers", str(args.workers), "--episodes-per-task", str(args.episodes_per_task),
             "--seed", str(VALIDATION_SEED), "--videos", "0", *args.overrides]  # fmt: skip
     if main(argv) != 0:
         sys.exit(1)
     ev = json.loads((out / "eval.json").read_text())
-    ledger = json.loads((run / LEDGER).read_text()) if (run / LEDGER).exists() else []
+    ledger = read_ledger(run)
     trial = {"trial": args.trial, "run": str(run), "cpu_hours": sum(r["cpu_s"] for r in ledger) / 3600 or None,
              "overrides": sorted({a for r in ledger for a in r["argv"] if "=" in a and not a.startswith("-")}),
              "date": datetime.date.today().isoformat()}  # fmt: skip

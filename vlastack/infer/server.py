@@ -174,13 +174,7 @@ class Batcher:
                     log.warning("request refused: %s", e)
                     fut.set_exception(e)
         # a stop seen inside a batch: what was queued behind it still gets its answer
-        while True:
-            try:
-                item = self.q.get_nowait()
-            except queue.Empty:
-                return
-            if item is not None and item[1].set_running_or_notify_cancel():
-                item[1].set_exception(Unavailable("server is shutting down"))
+        self.abandon("server is shutting down")
 
     def abandon(self, reason: str) -> int:
         """Fail every queued observation not yet in a forward pass with ``Unavailable(reason)`` (the

@@ -33,8 +33,8 @@ def _cpu_times() -> tuple[float, float] | None:
 
 
 def idle_cpus(sample_s: float = 0.3) -> float | None:
-    """CPUs free (idle, or running niced work) over the next ``sample_s`` seconds (a fraction of the machine's), or None where it
-    cannot be read. The machine's, not the affinity mask's: it is capped by ``usable_cpus()``."""
+    """CPUs free (idle, or running niced work) over the next ``sample_s`` seconds, or None where it
+    cannot be read. The machine's count, not the affinity mask's: ``pick_threads`` caps it."""
     a = _cpu_times()
     time.sleep(sample_s)
     b = _cpu_times()
@@ -55,6 +55,6 @@ def pick_threads(requested: int | None = None, sample_s: float = 0.3) -> tuple[i
         return cpus, f"{cpus} (all usable CPUs; their load could not be read)"
     n = max(1, min(cpus, int(idle + 0.5)))
     return n, (
-        f"{n} of {cpus} usable CPUs ({idle:.1f} free (idle or niced) over {sample_s:g} s at start; a thread on a busy core "
-        "stalls every kernel: --threads N to choose)"
+        f"{n} of {cpus} usable CPUs ({idle:.1f} free, idle or niced, over {sample_s:g} s at start; a "
+        "thread on a busy core stalls every kernel: --threads N to choose)"
     )

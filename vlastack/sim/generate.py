@@ -150,10 +150,7 @@ def _job(task: str, seed: int, env_kw: dict, noise: float, settle: int = 0) -> d
     def env(kw: dict):  # keyed by the settings too: an in-process caller may use another image size
         key = (task, *sorted((k, tuple(v) if isinstance(v, (list, tuple)) else v) for k, v in kw.items()))
         if key not in _ENVS:
-            _ENVS[key] = make_env(task, **kw)
-            # Closed at exit, before the interpreter's teardown frees MuJoCo's EGL renderers late
-            # (which prints EGLError tracebacks after a successful run).
-            __import__("atexit").register(_close_quietly, _ENVS[key])
+            _ENVS[key] = make_env(task, **kw)  # (its renderer closes itself at exit: render.close_at_exit)
         return _ENVS[key]
 
     if env_kw.get("suite") == "metaworld" and env_kw.get("cameras"):
@@ -179,11 +176,6 @@ def _job(task: str, seed: int, env_kw: dict, noise: float, settle: int = 0) -> d
         for k in (*per_frame, "env_state"):
             ep.pop(k, None)
     return ep
-
-
-def _close_quietly(env) -> None:
-    with __import__("contextlib").suppress(Exception):  # MuJoCo's EGL hook may have run first
-        env.close()
 
 
 def _episode_features(

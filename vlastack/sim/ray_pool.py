@@ -30,7 +30,7 @@ def _ray():
         import ray
     except ImportError:
         raise ValueError(
-            "eval.ray_address needs Ray: pip install 'vlastack[ray]' (or pip install ray); "
+            "--ray-address (eval.ray_address) needs Ray: pip install 'vlastack[ray]' (or pip install ray); "
             "leave it empty to run the episodes in local processes"
         ) from None
     return ray
