@@ -74,18 +74,21 @@ def test_a_node_killed_mid_run_loses_no_episode(cluster, tmp_path):
     _same(evaluate("expert", num_workers=0, **{**KW, "episodes": 12}), res)
 
 
-def test_ray_generation_writes_the_same_dataset(cluster, tmp_path):
+def test_ray_generation_writes_the_same_dataset(cluster, tmp_path, monkeypatch):
     """`vla data generate --ray-address`: the same data files (states, actions, rewards, success,
-    metadata) byte for byte as local workers, and the same frames up to rendering noise: in
-    isolation the videos were byte-identical too, but once, under two test suites at once, 6 of 16
-    frames differed by up to 16/255 (mean 0.11/255) while every state was equal (cause not found)."""
+    metadata) byte for byte as local workers, and the same frames up to rendering noise (with fresh
+    envs on both sides the videos have been byte-identical; the tolerance stays as a margin)."""
     import av
     import numpy as np
 
+    import vlastack.sim.generate as gen
     from vlastack.sim.generate import generate
 
     c, _ = cluster
     kw = dict(suite="builtin", tasks=("reach",), episodes=3, image_size=32, progress=False)
+    # Fresh envs, as the Ray workers' are: a renderer earlier tests in this process used renders
+    # slightly differently (seen: up to 35/255 on the wrist camera in a full suite run).
+    monkeypatch.setattr(gen, "_ENVS", {})
     generate(tmp_path / "local", workers=0, **kw)
     generate(tmp_path / "ray", ray_address=c.address, **kw)
 
