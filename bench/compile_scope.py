@@ -37,8 +37,8 @@ def measure(variant: str, scope: str, repeats: int) -> dict:
 
     from vlastack.batch import dummy_batch
     from vlastack.config import load_config
-    from vlastack.infer.fastpath import StaticSampler, prepare_for_inference
     from vlastack.models import build_model
+    from vlastack.models.heads.flow.fastpath import StaticSampler, prepare_for_inference
 
     cfg = load_config("tiny", overrides=[f"model.variant={variant}", *DEPTHS]).model
     torch.manual_seed(0)

@@ -32,7 +32,7 @@ OPTIONS = {"greedy": (0.0, 1.0), "temperature=1": (1.0, 1.0), "temperature=1,top
 
 def rows(preset: str, compile_modes: tuple[bool, ...], repeats: int) -> list[dict]:
     base = PRESETS[preset]().model
-    cfg = replace(base, head="tokens", tokens=TokenHeadConfig(tokenizer="fast", placement="new_rows"))
+    cfg = replace(base, head="tokens", head_options=TokenHeadConfig(tokenizer="fast", placement="new_rows"))
     calls = {}
     for compiled in compile_modes:
         torch.manual_seed(0)
@@ -61,7 +61,7 @@ def rows(preset: str, compile_modes: tuple[bool, ...], repeats: int) -> list[dic
     for (name, compiled), (_, steps) in calls.items():
         p50 = percentile(times[(name, compiled)], 50) * 1e3
         out.append({"preset": preset, "decoding": name, "mode": "compiled-step" if compiled else "eager",
-                    "decode_steps": steps, "vocab": cfg.vlm.vocab_size + cfg.tokens.fast_vocab_size,
+                    "decode_steps": steps, "vocab": cfg.vlm.vocab_size + cfg.head_options.fast_vocab_size,
                     "p50_ms": round(p50, 2), "p90_ms": round(percentile(times[(name, compiled)], 90) * 1e3, 2),
                     "per_token_ms": round(p50 / steps, 3)})  # fmt: skip
     return out

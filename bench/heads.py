@@ -49,14 +49,14 @@ HEADS: dict[str, tuple[str, list[str]]] = {
     "fast_ar": (
         "demo_tokens",
         [
-            "model.tokens.tokenizer=fast",
-            "model.tokens.fast_vocab_size=512",
-            "model.tokens.max_action_tokens=28",
+            "model.head_options.tokenizer=fast",
+            "model.head_options.fast_vocab_size=512",
+            "model.head_options.max_action_tokens=28",
         ],
     ),
     "bins_parallel_l1": (
         "demo_tokens",
-        ["model.tokens.decoding=parallel", "model.tokens.regression_head=true"],
+        ["model.head_options.decoding=parallel", "model.head_options.regression_head=true"],
     ),
 }
 LOAD_NOTE = (
@@ -106,9 +106,9 @@ def head_config(head: str, seed: int = 0, steps: int | None = None, extra: list[
 def _fit_for_timing(model, cfg, batch) -> None:
     """Attach a tokenizer so a token head can train on dummy batches (the step's cost depends on
     the config's shapes, not on what the tokenizer was fitted on)."""
-    if cfg.model.head != "tokens":
+    if not cfg.model.head_spec.action_tokens:
         return
-    if cfg.model.tokens.tokenizer == "fast":
+    if cfg.model.head_options.tokenizer == "fast":
         g = torch.Generator().manual_seed(0)
         t = torch.linspace(-0.6, 0.6, cfg.model.action_horizon)[None, :, None]
         x = (t * torch.rand(2000, 1, cfg.model.action_dim, generator=g)).clamp(-1, 1)
@@ -291,7 +291,7 @@ def cmd_eval(args: argparse.Namespace) -> None:
     from torch.utils.data import default_collate
 
     from vlastack.data.samples import make_dataset
-    from vlastack.infer.policy import parse_decoding
+    from vlastack.models.heads.tokens.serving import parse_decoding
     from vlastack.sim.evaluate import evaluate
     from vlastack.sim.policies import Checkpoint
 

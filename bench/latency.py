@@ -47,7 +47,7 @@ def sampler_bytes(model, cfg) -> int:
     n_expert = sum(p.numel() for n, p in model.named_parameters() if ".expert." in n or n.startswith("head."))
     total = model.num_params()
     kv = cfg.vlm.depth * 2 * cfg.vlm.kv_heads * cfg.vlm.head_dim * (cfg.prefix_len + 1 + cfg.action_horizon)
-    return 2 * (total + cfg.num_denoise_steps * (n_expert + kv))
+    return 2 * (total + cfg.head_options.num_denoise_steps * (n_expert + kv))
 
 
 MODES = ("eager", "compiled", "cudagraphs", "step", "step-cudagraphs")

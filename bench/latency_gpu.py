@@ -61,9 +61,9 @@ from bench.common import RESULTS, environment, percentile, sync, time_fn  # noqa
 from bench.serve import start_server  # noqa: E402
 from vlastack.batch import dummy_batch  # noqa: E402
 from vlastack.config import load_config  # noqa: E402
-from vlastack.infer.fastpath import StaticSampler, prepare_for_inference, uncompile_layers  # noqa: E402
 from vlastack.infer.policy import Policy  # noqa: E402
 from vlastack.models import build_model  # noqa: E402
+from vlastack.models.heads.flow.fastpath import StaticSampler, prepare_for_inference, uncompile_layers  # noqa: E402
 
 PEAK_BF16 = {"H100": 989e12, "H200": 989e12, "A100": 312e12, "4090": 165e12}
 # the row each torch.compile mode's figures go under (fastpath.COMPILE_MODES)
@@ -156,9 +156,11 @@ def model_config(preset: str, smoke: bool):
         cams = tuple(f"cam{i}" for i in range(len(PRESET_CAMERAS[preset])))
         # pi0.5 writes the state into the prompt: the tiny preset's 88 tokens do not hold it
         text = 128 if variant == "pi05" else cfg.max_text_len
-        return replace(cfg, camera_names=cams, num_denoise_steps=3, max_text_len=text)
+        return replace(cfg, camera_names=cams, max_text_len=text).with_head_options(num_denoise_steps=3)
     cfg = load_config(preset).model
-    return replace(cfg, camera_names=PRESET_CAMERAS[preset], num_denoise_steps=10, action_horizon=50)
+    return replace(cfg, camera_names=PRESET_CAMERAS[preset], action_horizon=50).with_head_options(
+        num_denoise_steps=10
+    )
 
 
 def observations(cfg, n: int, seed: int = 0) -> list[dict]:
@@ -247,7 +249,7 @@ def bench_inference(res: Results, preset: str, args, budget: Budget, compile_onl
     sec = f"infer/{preset}"
     res.put(sec, "shapes", {
         "cameras": len(cfg.camera_names), "image": cfg.vision.image_size, "text_tokens": cfg.max_text_len,
-        "prefix_len": cfg.prefix_len, "chunk": cfg.action_horizon, "steps": cfg.num_denoise_steps,
+        "prefix_len": cfg.prefix_len, "chunk": cfg.action_horizon, "steps": cfg.head_options.num_denoise_steps,
     })  # fmt: skip
     log(f"{preset}: building the model ({dev})")
     torch.manual_seed(0)

@@ -76,7 +76,7 @@ class LeRobotRTCPolicy:
 
         from vlastack.infer.obs import check_obs
         from vlastack.infer.policy import ACTION_KEY
-        from vlastack.models.heads.rtc import _detach_cache
+        from vlastack.models.heads.flow.rtc import _detach_cache
 
         p, c = self.policy, self.policy.cfg
         head, a_env = p.model.head, p.action_dim
@@ -85,7 +85,7 @@ class LeRobotRTCPolicy:
         with torch.no_grad():
             cache, positions, mask, state = head.prefill(p.model, batch)
         left = torch.from_numpy(p.normalizer.normalize(ACTION_KEY, prefix)).float()  # [n, A_env], normalized
-        noise = torch.randn(1, c.action_horizon, c.action_dim, generator=p._gen) * c.noise_scale
+        noise = torch.randn(1, c.action_horizon, c.action_dim, generator=p._gen) * c.head_options.noise_scale
 
         def denoise(x_t: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
             _detach_cache(cache)  # each step writes its suffix k/v: keep no graph across steps
@@ -94,7 +94,7 @@ class LeRobotRTCPolicy:
         for q in p.model.parameters():
             q.requires_grad_(False)
         out = euler_integrate(
-            denoise, noise, c.num_denoise_steps, rtc_processor=self.rtc, rtc_enabled=True,
+            denoise, noise, c.head_options.num_denoise_steps, rtc_processor=self.rtc, rtc_enabled=True,
             inference_delay=int(delay or 0), prev_chunk_left_over=left[None], execution_horizon=len(left),
         )  # fmt: skip
         actions = out.detach()[0, :, :a_env].numpy()

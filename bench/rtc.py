@@ -18,7 +18,7 @@ Protocols (``--protocol``):
   (sync, naive_async, temporal_ensemble, rtc_inference with beta 5 / beta 1 / overlap 6,
   rtc_training).
 - ``published`` (Black et al. 2025, arXiv 2506.07339, Kinetix): H = 8, d in {0, .., 4}, every s in
-  [max(1, d), H - d], beta = 5 with the exponential soft mask (models/heads/rtc.py); sync,
+  [max(1, d), H - d], beta = 5 with the exponential soft mask (models/heads/flow/rtc.py); sync,
   naive_async, rtc_inference, rtc_training. Its goals (``goals_by_representation``) are read at
   s = 4, the one horizon every d in 0..4 allows, so d alone changes between the cells compared.
   Bidirectional decoding (BID, Liu et al., arXiv 2408.17355) runs apart, with ``--phase bid``:
@@ -363,7 +363,7 @@ def inference_cost(rep: str, proto: Protocol, repeats: int = 40) -> dict:
         },
         "repeats": repeats,
         "action_horizon": proto.horizon,
-        "num_denoise_steps": plain.cfg.num_denoise_steps,
+        "num_denoise_steps": plain.cfg.head_options.num_denoise_steps,
         "note": "one chunk at batch 1, 2 torch threads; overheads are wall-clock ratios (measure alone: "
         "--phase cost); process = CPU of every thread, thread = the calling thread's CPU only",
     }

@@ -10,7 +10,7 @@ so each chunk starts afresh; told one committed action, it continues the executi
 
 ``denoise-steps`` (block ``denoise_steps_10``): inference-time RTC (identity and VJP guidance) at
 d = 2..4 with 10 Euler steps instead of the recipe's 5 (the plain policy's folder copied with
-``model.num_denoise_steps=10``; sampling only, the weights are the same), 25 episodes per task.
+``model.head_options.num_denoise_steps=10``; sampling only, the weights are the same), 25 episodes per task.
 Does a finer sampler pin the committed actions closer?
 
 ``h16`` (block ``h16_plain``): a plain policy with chunk H = 16 (our protocol's; trained here on

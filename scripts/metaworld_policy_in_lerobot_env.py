@@ -12,7 +12,7 @@ in-process through ``vlastack.infer.policy.Policy``, the object ``vla serve`` wr
         --tasks reach-v3,push-v3 --seeds 1000-1002
 
 Writes ``bench/results/metaworld_policy_lerobot_env.json``: per episode both outcomes and step counts.
-The flow head samples from zeros (``model.noise_scale=0``), so the policy is deterministic and the
+The flow head samples from zeros (``model.head_options.noise_scale=0``), so the policy is deterministic and the
 two runs differ only through the environments.
 """
 

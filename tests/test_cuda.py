@@ -59,7 +59,7 @@ def test_cuda_bf16_sampling_drift_is_small(cfg):
 
 
 def test_cuda_compiled_sampler_matches_eager(cfg):
-    small = replace(cfg, num_denoise_steps=3)
+    small = cfg.with_head_options(num_denoise_steps=3)
     torch.manual_seed(0)
     m = build_model(small, device="cuda").eval()
     batch = dummy_batch(small, 2, train=False, device="cuda")

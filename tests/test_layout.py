@@ -80,9 +80,9 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
 
 def test_import_graph_sees_lazy_and_type_checking_imports():
     g = import_graph()
-    assert "vlastack.models.backbone" in g["vlastack.models.heads.flow"]
+    assert "vlastack.models.backbone" in g["vlastack.models.heads.flow.head"]
     assert "vlastack.train.trainer" in g["vlastack.train.cli"]  # an in-function import
-    assert "vlastack.models.heads.grounding" in g["vlastack.models.heads"]  # a registry string
+    assert "vlastack.models.heads.flow.serving" in g["vlastack.models.heads"]  # a registry string
     assert "vlastack.models.heads.oft" in g["vlastack.models.heads"]  # only ever named by its spec
     assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
 
@@ -158,3 +158,30 @@ def test_training_layer_does_not_import_the_simulator_or_the_diagnostics():
         if n.startswith(("vlastack.sim", "vlastack.diagnostics"))
     )
     assert not up, up
+
+
+def test_heads_are_asked_never_named_outside_their_folders():
+    """Issue #65: outside ``models/heads/`` nothing checks which head a model has (no isinstance of
+    a head class, no branch on a head's name), and ``ModelConfig`` holds no head's options (each
+    head's live in ``model.head_options``)."""
+    from dataclasses import fields
+
+    from vlastack.config import HEAD_SPECS, ModelConfig
+
+    heads = ("FlowHead", "GroundedFlowHead", "TokenHead", "GroundedTokenHead", "OFTHead")
+    names = "|".join(HEAD_SPECS)
+    import re
+
+    pattern = re.compile(rf"isinstance\([^)]*\b({'|'.join(heads)})\b|\.head\s*[!=]=\s*[\"']({names})[\"']")
+    hits = [
+        f"{p.relative_to(PKG.parent)}:{i}"
+        for root in (PKG, BENCH)
+        for p in root.rglob("*.py")
+        if "models/heads" not in p.as_posix()
+        for i, line in enumerate(p.read_text().splitlines(), 1)
+        if pattern.search(line)
+    ]
+    assert not hits, hits
+    from vlastack.config.io import LEGACY_HEAD_KEYS  # where heads' options used to live
+
+    assert not set(LEGACY_HEAD_KEYS) & {f.name for f in fields(ModelConfig)}

@@ -40,10 +40,12 @@ README = ROOT / "README.md"
 # a fraction of the cost (training, serving and export all use the trained policy's config).
 MICRO = (
     "model.vision.patch_size=16", "model.vision.depth=1", "model.vlm.depth=1", "model.expert.depth=1",
-    "model.num_denoise_steps=2", "train.batch_size=8", "train.steps=2", "train.log_every=1",
+    "model.head_options.num_denoise_steps=2", "train.batch_size=8", "train.steps=2", "train.log_every=1",
     "train.save_every=1000", "data.num_workers=0", "train.num_threads=2",
 )  # fmt: skip
 
+# A token head has no denoising steps (its options are its own: model.head_options).
+MICRO_TOKENS = tuple(o for o in MICRO if "num_denoise_steps" not in o)
 
 FINE_TUNE_MICRO = (
     "train.batch_size=2", "train.steps=2", "train.log_every=1", "train.save_every=1000",
@@ -70,6 +72,7 @@ RULES = (
     Rule(("vla", "data", "info")),
     Rule(("vla", "data", "view")),
     Rule(("vla", "train"), append=MICRO),
+    Rule(("vla", "train", "--config", "demo_tokens"), append=MICRO_TOKENS),
     Rule(("vla", "info")),
     Rule(("vla", "eval"), set_opts=(("--episodes", "2"), ("--workers", "0"), ("--videos", "0"))),
     Rule(("vla", "serve"), kind="serve", set_opts=(("--port", "0"),)),

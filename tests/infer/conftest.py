@@ -15,7 +15,12 @@ STATE_DIM, ACTION_DIM = 6, 7  # env dims, smaller than the model's 8: exercises 
 
 def micro_config():
     """The tiny preset cut to one layer and two denoise steps: same shapes, much faster."""
-    over = ["model.vision.depth=1", "model.vlm.depth=1", "model.expert.depth=1", "model.num_denoise_steps=2"]
+    over = [
+        "model.vision.depth=1",
+        "model.vlm.depth=1",
+        "model.expert.depth=1",
+        "model.head_options.num_denoise_steps=2",
+    ]
     return apply_overrides(tiny(), over).model
 
 

@@ -1,4 +1,4 @@
-"""Inference fast path (infer/fastpath.py): a prepared model (fused QKV and gate/up, norms folded,
+"""Inference fast path (models/heads/flow/fastpath.py): a prepared model (fused QKV and gate/up, norms folded,
 time branch precomputed) samples the same actions as the original, in fp32 on the CPU, through
 the same static function a CUDA graph captures; the GPU tests check graph == eager."""
 
@@ -14,7 +14,9 @@ import torch
 
 from vlastack.batch import dummy_batch
 from vlastack.config import load_config
-from vlastack.infer.fastpath import (
+from vlastack.infer.policy import Policy
+from vlastack.models import build_model
+from vlastack.models.heads.flow.fastpath import (
     FastFlow,
     FusedAttentionProj,
     StaticSampler,
@@ -25,8 +27,6 @@ from vlastack.infer.fastpath import (
     prepare_for_inference,
     uncompile_layers,
 )
-from vlastack.infer.policy import Policy
-from vlastack.models import build_model
 from vlastack.nn.lora import apply_lora
 from vlastack.nn.norms import AdaRMSNorm, LayerNorm, RMSNorm
 
@@ -35,7 +35,7 @@ ATOL = 1e-5
 
 def _model(variant: str, **kw):
     cfg = load_config("tiny", overrides=[f"model.variant={variant}"]).model
-    cfg = replace(cfg, num_denoise_steps=4, **kw)
+    cfg = replace(cfg, **kw).with_head_options(num_denoise_steps=4)
     torch.manual_seed(0)
     m = build_model(cfg).eval()
     with torch.no_grad():  # non-trivial norm scales and open adaptive norms (zero at init)
@@ -78,7 +78,7 @@ def test_velocity_matches_denoise_step(pair):
     c_fast, pos2, mask2, state2 = fast.head.prefill(fast, batch)
     for a, b in zip(c_ref.k + c_ref.v, c_fast.k + c_fast.v):
         torch.testing.assert_close(b, a, atol=ATOL, rtol=ATOL)
-    n = cfg.num_denoise_steps
+    n = cfg.head_options.num_denoise_steps
     for i in (0, n - 1):
         t = torch.full((2,), 1.0 - i / n)
         v_ref = ref.head.denoise_step(ref, c_ref, state, x, t, pos, mask)
@@ -103,7 +103,7 @@ def test_static_sampler_matches_sample(pair):
 
 def test_token_head_unaffected():
     over = ["model.head=tokens", "model.action_horizon=4", "model.action_dim=4", "eval.steps_per_chunk=4"]
-    over.append("model.tokens.decoding=parallel")  # one pass (autoregressive decoding takes 7 s here)
+    over.append("model.head_options.decoding=parallel")  # one pass (autoregressive decoding takes 7 s here)
     cfg = load_config("tiny", overrides=over).model
     torch.manual_seed(0)
     ref = build_model(cfg).eval()
@@ -179,7 +179,7 @@ def test_policy_fast_matches_policy(variant):
         want = slow.infer_checked(checked[:n], noise)
         got = fast.infer_checked(checked[:n], noise)
         np.testing.assert_allclose(got, want, atol=ATOL, rtol=ATOL)
-    assert sorted(fast._fast.samplers) == [1, 2]
+    assert sorted(fast.serving.fast_sampler.samplers) == [1, 2]
     assert fast.infer(obs[0])["actions"].shape == (cfg.action_horizon, fast.action_dim)
 
 
@@ -207,8 +207,8 @@ def test_policy_fast_runs_real_time_chunking(variant):
         np.testing.assert_allclose(got, want, atol=1e-4, rtol=1e-4, err_msg=method)
     # pi0's training-time RTC runs the static prefix sampler, BID's 8 candidates the plain one at
     # batch 8 (each one CUDA graph on a GPU)
-    assert sorted(fast._fast.prefix_samplers) == ([1] if variant == "pi0" else [])
-    assert sorted(fast._fast.samplers) == [fast.bid_samples]
+    assert sorted(fast.serving.fast_sampler.prefix_samplers) == ([1] if variant == "pi0" else [])
+    assert sorted(fast.serving.fast_sampler.samplers) == [fast.serving.bid_samples]
     # the tables are back: the fast sampler still matches after the generic calls
     plain = {k: v for k, v in obs.items() if k not in ("action_prefix", "inference_delay")}
     checked, noise = [slow.check(plain)], _noise(cfg, 1)
@@ -222,7 +222,7 @@ def test_prefix_sampler_matches_prefix_sample():
     """Training-time RTC on the prepared pi0 model (StaticSampler(prefix=True): the committed
     steps at time 0 from ``zero_row``) equals ``prefix_sample`` on the original, per sample
     prefix lengths (none, some, the whole chunk); the committed steps come back exactly."""
-    from vlastack.models.heads.rtc import prefix_sample
+    from vlastack.models.heads.flow.rtc import prefix_sample
 
     ref = _model("pi0")
     fast = prepare_for_inference(copy.deepcopy(ref), torch.float32)
@@ -259,8 +259,8 @@ def test_policy_warmup_builds_every_sampler_and_keeps_the_draws(variant):
         else ["plain", "rtc_inference", "bid"]
     )
     assert list(took) == want and all(t >= 0 for t in took.values())
-    assert sorted(warm._fast.samplers) == [1, warm.bid_samples]
-    assert sorted(warm._fast.prefix_samplers) == ([1] if variant == "pi0" else [])
+    assert sorted(warm.serving.fast_sampler.samplers) == [1, warm.serving.bid_samples]
+    assert sorted(warm.serving.fast_sampler.prefix_samplers) == ([1] if variant == "pi0" else [])
     cfg, rng = ref.cfg, np.random.default_rng(0)
     obs = {
         "images": {c: rng.integers(0, 256, (64, 64, 3), dtype=np.uint8) for c in cfg.camera_names},
@@ -274,7 +274,7 @@ def test_policy_warmup_builds_every_sampler_and_keeps_the_draws(variant):
 
 def test_policy_fast_refuses_token_head():
     cfg = load_config("tiny", overrides=["model.head=tokens"]).model
-    with pytest.raises(ValueError, match="flow head"):
+    with pytest.raises(ValueError, match="does not take 'fast'"):
         Policy(build_model(cfg), fast=True)
 
 
@@ -371,11 +371,10 @@ def test_layers_scope_compiles_one_graph_per_call_kind_at_any_depth(variant, eag
         cfg = load_config("tiny", overrides=[f"model.variant={variant}"]).model
         cfg = replace(
             cfg,
-            num_denoise_steps=3,
             vlm=replace(cfg.vlm, depth=depth),
             expert=replace(cfg.expert, depth=depth),
             vision=replace(cfg.vision, depth=depth),
-        )
+        ).with_head_options(num_denoise_steps=3)
         torch.manual_seed(0)
         fast = prepare_for_inference(build_model(cfg).eval(), torch.float32)
         batch, noise = dummy_batch(cfg, 1, train=False), _noise(cfg, 1)

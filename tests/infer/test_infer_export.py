@@ -123,7 +123,11 @@ def test_token_head_exports(tmp_path):
     from vlastack.models import build_model
 
     over = ["model.vision.depth=1", "model.vlm.depth=1", "model.expert.depth=1", "model.head=tokens"]
-    over += ["model.tokens.placement=new_rows", "model.tokens.decoding=parallel", "model.action_horizon=4"]
+    over += [
+        "model.head_options.placement=new_rows",
+        "model.head_options.decoding=parallel",
+        "model.action_horizon=4",
+    ]
     cfg = apply_overrides(tiny(), [*over, "eval.steps_per_chunk=4"]).model
     torch.manual_seed(0)
     model = build_model(cfg)
@@ -131,6 +135,6 @@ def test_token_head_exports(tmp_path):
     for fmt in ("torchscript", "onnx"):
         side = export_policy(Policy(model), fmt, tmp_path / fmt)
         assert side["check"]["passed"] and side["head"] == "tokens"
-    fast = apply_overrides(tiny(), ["model.head=tokens", "model.tokens.tokenizer=fast"]).model
+    fast = apply_overrides(tiny(), ["model.head=tokens", "model.head_options.tokenizer=fast"]).model
     with pytest.raises(ValueError, match="FAST"):
         export_policy(Policy(build_model(fast)), "onnx", tmp_path / "fast")

@@ -201,7 +201,7 @@ def test_token_head_policy_is_served_with_a_validity_flag(tmp_path):
         **{
             **cfg.__dict__,
             "head": "tokens",
-            "tokens": TokenHeadConfig(tokenizer="fast", placement="new_rows"),
+            "head_options": TokenHeadConfig(tokenizer="fast", placement="new_rows"),
         }
     )
     torch.manual_seed(0)
@@ -300,7 +300,7 @@ def test_fast_server_serves_plain_and_real_time_chunking(tmp_path, variant):
 
     cfg = micro_config() if variant == "pi0" else apply_overrides(tiny(), [
         "model.variant=pi05", "model.vision.depth=1", "model.vlm.depth=1", "model.expert.depth=1",
-        "model.num_denoise_steps=2", "model.max_text_len=128"]).model  # fmt: skip
+        "model.head_options.num_denoise_steps=2", "model.max_text_len=128"]).model  # fmt: skip
     torch.manual_seed(0)
     build_model(cfg).save_pretrained(tmp_path)
     make_normalizer().save(tmp_path / "norm_stats.json")

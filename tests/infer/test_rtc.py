@@ -16,8 +16,8 @@ from vlastack.data.stats import Normalizer
 from vlastack.infer.obs import ObsError
 from vlastack.infer.policy import Policy
 from vlastack.models import build_model
-from vlastack.models.heads.flow import flow_mse
-from vlastack.models.heads.rtc import guidance_weight, guided_sample, prefix_sample, prefix_weights
+from vlastack.models.heads.flow.head import flow_mse
+from vlastack.models.heads.flow.rtc import guidance_weight, guided_sample, prefix_sample, prefix_weights
 
 H = 16
 
@@ -34,7 +34,7 @@ def per_dim_normalizer() -> Normalizer:
 @pytest.fixture(scope="module")
 def policy():
     torch.manual_seed(0)
-    model = build_model(replace(micro_config(), num_denoise_steps=8))
+    model = build_model(micro_config().with_head_options(num_denoise_steps=8))
     return Policy(model, per_dim_normalizer(), seed=0)
 
 
@@ -81,12 +81,12 @@ def test_identity_guidance_keeps_the_committed_actions_without_a_backward_pass(p
     obs = make_obs(2)
     y = committed(policy, obs, seed=2)
     plain = policy.infer(obs)["actions"]
-    policy.guidance = "identity"
+    policy.serving.guidance = "identity"
     try:
         with torch.inference_mode():
             guided = policy.infer({**obs, "action_prefix": y, "inference_delay": delay})["actions"]
     finally:
-        policy.guidance = "vjp"
+        policy.serving.guidance = "vjp"
     scale = np.arange(1, ACTION_DIM + 1) * 0.5
     err, base = np.abs(guided[:8] - y) / scale, np.abs(plain[:8] - y) / scale
     if delay:
@@ -126,9 +126,9 @@ def test_guidance_works_under_a_callers_inference_mode(policy, where):
     y = committed(policy, obs, seed=3)
     if where == "policy":
         req = {**obs, "action_prefix": y, "inference_delay": 2}
-        policy._gen.manual_seed(7)
+        policy.generator.manual_seed(7)
         outside = policy.infer(req)["actions"]
-        policy._gen.manual_seed(7)
+        policy.generator.manual_seed(7)
         with torch.inference_mode():
             inside = policy.infer(req)["actions"]
         np.testing.assert_allclose(inside, outside, rtol=1e-5, atol=1e-5)
@@ -165,15 +165,15 @@ def test_bid_keeps_the_candidate_closest_to_the_leftover(policy):
     req = {**obs, "action_prefix": y, "inference_delay": 2, "rtc_method": "bid"}
     model, c, k = policy.model, policy.cfg, 5
     batch = policy._batch([policy.check(obs)])
-    policy.bid_samples = k
+    policy.serving.bid_samples = k
     try:
-        policy._gen.manual_seed(11)
+        policy.generator.manual_seed(11)
         got = policy.infer(req)["actions"]
         gen = torch.Generator().manual_seed(11)
         noise = torch.randn(k, H, c.action_dim, generator=gen)
         many = {key: v.repeat_interleave(k, 0) for key, v in batch.items()}
         with torch.inference_mode():
-            cand = model.sample_actions(many, noise=noise, noise_scale=policy.bid_noise_scale)
+            cand = model.sample_actions(many, noise=noise, noise_scale=policy.serving.bid_noise_scale)
         env = policy.normalizer.unnormalize("action", cand[:, :, :ACTION_DIM].numpy())
         w = prefix_weights(H, 2, 6).numpy()
         target = policy.normalizer.normalize("action", y)
@@ -183,14 +183,14 @@ def test_bid_keeps_the_candidate_closest_to_the_leftover(policy):
         np.testing.assert_allclose(got, env[int(np.argmin(dist))], rtol=1e-5, atol=1e-5)
         assert len({round(float(d), 6) for d in dist}) == k  # the candidates differ
     finally:
-        policy.bid_samples = 8
+        policy.serving.bid_samples = 8
 
 
 def test_bid_samples_candidates_even_when_the_recipe_samples_its_mode():
     """The demo's recipe samples at noise_scale 0 (its mode): K candidates drawn at that
     temperature would be one chunk K times, and BID would be plain sampling."""
     torch.manual_seed(0)
-    model = build_model(replace(micro_config(), num_denoise_steps=4, noise_scale=0.0))
+    model = build_model(micro_config().with_head_options(num_denoise_steps=4, noise_scale=0.0))
     policy = Policy(model, per_dim_normalizer(), seed=0, bid_samples=4)
     obs = make_obs(1)
     req = {**obs, "action_prefix": committed(policy, obs, n=6), "inference_delay": 2, "rtc_method": "bid"}
@@ -269,10 +269,10 @@ def test_bad_rtc_requests_are_refused(policy, extra, match):
 def test_token_head_refuses_a_prefix(tmp_path):
     from vlastack.config import TokenHeadConfig
 
-    cfg = replace(micro_config(), head="tokens", tokens=TokenHeadConfig())
+    cfg = replace(micro_config(), head="tokens", head_options=TokenHeadConfig())
     torch.manual_seed(0)
     pol = Policy(build_model(cfg), per_dim_normalizer(), seed=0)
-    with pytest.raises(ValueError, match="needs a flow head"):
+    with pytest.raises(ValueError, match="needs a head that denoises"):
         pol.infer({**make_obs(), "action_prefix": np.zeros((2, ACTION_DIM), np.float32)})
 
 

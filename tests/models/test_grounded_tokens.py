@@ -1,4 +1,4 @@
-"""The token head with the grounding add-on (models/heads/grounded_tokens.py), the token training
+"""The token head with the grounding add-on (models/heads/tokens/grounded.py), the token training
 options (bin_sigma, label_smoothing, l1_weight) and the demo_tokens recipe. Tiny, fp32, fixed seeds."""
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ def grounded(attend: float = 0.2, **tokens):
 def test_demo_tokens_recipe_loads():
     cfg = load_config("tiny", "demo_tokens")
     m = cfg.model
-    assert (m.head, m.tokens.tokenizer, m.tokens.decoding, m.grounding.points) == (
+    assert (m.head, m.head_options.tokenizer, m.head_options.decoding, m.grounding.points) == (
         "tokens",
         "bins",
         "autoregressive",
@@ -31,7 +31,7 @@ def test_demo_tokens_recipe_loads():
     assert cfg.data.norm.action == "quantiles" and cfg.eval.steps_per_chunk == 1
     assert head_class(m) is GroundedTokenHead
     with pytest.raises(ConfigError, match="state_input"):
-        load_config("tiny", "demo_tokens", ["model.tokens.state_input=discrete"])
+        load_config("tiny", "demo_tokens", ["model.head_options.state_input=discrete"])
 
 
 @pytest.mark.parametrize(
@@ -99,9 +99,9 @@ def test_bin_sigma_soft_targets():
     ids = h.internal_to_lm[torch.tensor([[10, 200]])]
     logits = torch.randn(1, 2, h.allowed_ids.numel(), generator=torch.Generator().manual_seed(0))
     hard = h.token_ce(logits, ids)
-    h.cfg = replace(h.cfg, tokens=replace(h.cfg.tokens, bin_sigma=1e-3))
+    h.cfg = replace(h.cfg, head_options=replace(h.cfg.head_options, bin_sigma=1e-3))
     torch.testing.assert_close(h.token_ce(logits, ids), hard)
-    h.cfg = replace(h.cfg, tokens=replace(h.cfg.tokens, bin_sigma=2.0))
+    h.cfg = replace(h.cfg, head_options=replace(h.cfg.head_options, bin_sigma=2.0))
     peak = torch.full_like(logits, -20.0)
     near, far = peak.clone(), peak.clone()
     near[0, 0, h.internal_to_lm[11]] = 20.0  # one bin off

@@ -159,7 +159,11 @@ def test_config_checks():
     with pytest.raises(ConfigError, match=r"grounding\.points.*state_input='continuous'"):
         load_config(
             "tiny",
-            overrides=["model.grounding.points=2", "model.head=tokens", "model.tokens.state_input=discrete"],
+            overrides=[
+                "model.grounding.points=2",
+                "model.head=tokens",
+                "model.head_options.state_input=discrete",
+            ],
         )
     with pytest.raises(ConfigError, match=r"grounding\.layer"):
         load_config("tiny", overrides=["model.grounding.points=1", "model.grounding.layer=9"])

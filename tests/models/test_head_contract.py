@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import fields
 from pathlib import Path
 
 import numpy as np
@@ -17,16 +18,22 @@ from openpi_client.websocket_client_policy import WebsocketClientPolicy
 
 from tests.train.train_helpers import FakeDataset, tiny_cfg
 from vlastack.batch import dummy_batch
-from vlastack.config import HEAD_SPECS, model_config_from_dict, to_dict
+from vlastack.config import HEAD_SPECS, FlowOptions, TokenHeadConfig, model_config_from_dict, to_dict
 from vlastack.models.vla import VLA
 
 CASES = [(name, False) for name in HEAD_SPECS] + [(n, True) for n, sp in HEAD_SPECS.items() if sp.grounded]
 # Options a head needs beside model.head=<name> for the grounding add-on (a config-time rule).
-GROUNDED_EXTRA = {"tokens": ["model.tokens.state_input=continuous"]}
+GROUNDED_EXTRA = {"tokens": ["model.head_options.state_input=continuous"]}
 
 
 def _overrides(name: str, grounded: bool) -> list[str]:
-    over = [f"model.head={name}", "train.steps=2", "train.save_every=100", "model.num_denoise_steps=2"]
+    over = [
+        f"model.head={name}",
+        "train.steps=2",
+        "train.save_every=100",
+    ]
+    if name == "flow":
+        over.append("model.head_options.num_denoise_steps=2")
     return over + (["model.grounding.points=2", *GROUNDED_EXTRA.get(name, [])] if grounded else [])
 
 
@@ -71,13 +78,14 @@ def test_save_load_round_trip_samples_the_same(trained):
     noise = torch.randn(
         2, cfg.model.action_horizon, cfg.model.action_dim, generator=torch.Generator().manual_seed(0)
     )
-    kw = {"generator": torch.Generator().manual_seed(3)} if cfg.model.head_spec.seeded_sampling else {}
+    kw = {"generator": torch.Generator().manual_seed(3)}
     a = loaded.sample(batch, noise=noise, **kw).actions
-    kw = {"generator": torch.Generator().manual_seed(3)} if cfg.model.head_spec.seeded_sampling else {}
+    kw = {"generator": torch.Generator().manual_seed(3)}
     torch.testing.assert_close(a, tr.model.sample(batch, noise=noise, **kw).actions)
     # The saved config keeps only this head's options, and reads back as the same model.
     saved = json.loads((run / "final" / "config.json").read_text())["model"]
-    assert not set(saved) & cfg.model.foreign_keys
+    opts = HEAD_SPECS[cfg.model.head].options_cls
+    assert set(saved.get("head_options", {})) == ({f.name for f in fields(opts)} if opts else set())
     assert to_dict(model_config_from_dict(saved)) == to_dict(cfg.model)
 
 
@@ -150,17 +158,27 @@ def test_no_head_name_branch_outside_the_registry():
 )
 def test_checkpoint_configs_saved_before_the_spec_registry_still_load(golden):
     """config.json files written before per-head options (every head and variant, with other heads'
-    options in them) load as the same model; saved again, they keep only their head's options."""
+    options in them, the flow head's as loose ``model.*`` fields, the token head's as
+    ``model.tokens``) load as the same model: their head's options move into ``head_options``,
+    other heads' are dropped; saved again, they load the same."""
+    from vlastack.config.io import LEGACY_HEAD_KEYS
+
     data = json.loads(golden.read_text())
     cfg = model_config_from_dict(data)
+    for key, owner in LEGACY_HEAD_KEYS.items():
+        if key in data and owner == cfg.head:
+            want = data[key] if key == "tokens" else {key: data[key]}
+            got = to_dict(cfg.head_options)
+            assert {k: got[k] for k in want} == want, key
+    saved = to_dict(cfg)
+    assert not set(saved) & set(LEGACY_HEAD_KEYS)
+    assert model_config_from_dict(saved) == cfg and to_dict(model_config_from_dict(saved)) == saved
 
     def known(new, old):  # ``new`` restricted to the keys ``old`` has (later keys have defaults)
         return {k: known(v, old[k]) for k, v in new.items() if k in old} if isinstance(new, dict) else new
 
-    saved = to_dict(cfg)
-    assert not set(saved) & cfg.foreign_keys and set(saved) <= set(data)
-    assert known(saved, data) == {k: v for k, v in data.items() if k in saved}
-    assert to_dict(model_config_from_dict(saved)) == saved
+    rest = {k: v for k, v in data.items() if k not in LEGACY_HEAD_KEYS and k in saved}
+    assert known({k: saved[k] for k in rest}, rest) == rest
 
 
 def test_the_head_owns_its_init_and_options(tmp_path):
@@ -179,14 +197,17 @@ def test_the_head_owns_its_init_and_options(tmp_path):
     assert VLA.from_pretrained(tmp_path / "m").cfg == cfg.model
     with pytest.raises(ValueError, match="hidden: must be > 0"):
         tiny_cfg("model.head=oft", "model.head_options.hidden=0")
-    with pytest.raises(ValueError, match="head 'flow' takes no head_options"):
-        tiny_cfg("model.head_options.hidden=32")
-    assert "head_options" not in to_dict(tiny_cfg().model)
+    with pytest.raises(ValueError, match=r"head_options\.hidden: unknown key"):
+        tiny_cfg("model.head_options.hidden=32")  # the flow head's options have no `hidden`
+    assert set(to_dict(tiny_cfg().model)["head_options"]) == {f.name for f in fields(FlowOptions)}
     # Switching heads on top of a config drops the old head's options for the new head's defaults.
     from vlastack.config import apply_overrides
 
-    assert apply_overrides(cfg, ["model.head=flow"]).model.head_options is None
-    assert apply_overrides(cfg, ["model.head=tokens"]).model.head_options is None
+    assert apply_overrides(cfg, ["model.head=flow"]).model.head_options == FlowOptions()
+    assert apply_overrides(cfg, ["model.head=tokens"]).model.head_options == TokenHeadConfig()
+    # A legacy spelling of another head's option is an error, never a silent no-op.
+    with pytest.raises(ValueError, match="option of head 'flow'"):
+        apply_overrides(cfg, ["model.num_denoise_steps=3"])
 
 
 def test_adding_a_head_page_shows_the_shipped_oft_head():
@@ -197,8 +218,8 @@ def test_adding_a_head_page_shows_the_shipped_oft_head():
 
     root = Path(__file__).resolve().parents[2]
     page = (root / "docs" / "adding-a-head.md").read_text()
-    block = page.split("# vlastack/models/heads/oft.py\n", 1)[1].split("```", 1)[0]
-    assert block == (root / "vlastack" / "models" / "heads" / "oft.py").read_text()
+    block = page.split("# vlastack/models/heads/oft/head.py\n", 1)[1].split("```", 1)[0]
+    assert block == (root / "vlastack" / "models" / "heads" / "oft" / "head.py").read_text()
     assert inspect.getsource(OFTOptions) in page
 
 

@@ -1,14 +1,12 @@
 """The Pi0 flow-matching VLA: sampler invariances, masking, gradients, compile, overfitting."""
 
-from dataclasses import replace
-
 import pytest
 import torch
 
 from vlastack.batch import dummy_batch, validate_batch
 from vlastack.config import pi0, tiny
 from vlastack.models import VLA, build_model
-from vlastack.models.heads.flow import sample_time, sincos_time_embedding
+from vlastack.models.heads.flow.head import sample_time, sincos_time_embedding
 
 
 @pytest.fixture(scope="module")
@@ -60,8 +58,8 @@ def test_sampling_is_deterministic_given_noise(model, cfg):
 def test_noise_scale_is_the_sampling_temperature(model, cfg):
     """noise_scale=0 ignores the noise (the deterministic path); 0.5 equals halving the noise."""
     batch = dummy_batch(cfg, 2)
-    cold = VLA(replace(cfg, noise_scale=0.0)).eval()
-    half = VLA(replace(cfg, noise_scale=0.5)).eval()
+    cold = VLA(cfg.with_head_options(noise_scale=0.0)).eval()
+    half = VLA(cfg.with_head_options(noise_scale=0.5)).eval()
     for m in (cold, half):
         m.load_state_dict(model.state_dict())
     a, b = _noise(cfg, 2, seed=1), _noise(cfg, 2, seed=2)
@@ -72,7 +70,7 @@ def test_noise_scale_is_the_sampling_temperature(model, cfg):
         ref = half.head.sample_uncached(half, batch, a)
     torch.testing.assert_close(half.sample_actions(batch, noise=a), ref, atol=1e-5, rtol=1e-5)
     with pytest.raises(ValueError, match="noise_scale"):
-        replace(cfg, noise_scale=-1.0)
+        cfg.with_head_options(noise_scale=-1.0)
 
 
 @pytest.mark.parametrize("key", ["images", "tokens", "state"])
@@ -150,7 +148,7 @@ def test_denoise_step_has_no_graph_breaks(model, cfg):
 def test_full_sampler_has_no_graph_breaks(cfg):
     import torch._dynamo as dynamo
 
-    small = replace(cfg, num_denoise_steps=2)
+    small = cfg.with_head_options(num_denoise_steps=2)
     m = build_model(small).eval()
     batch = dummy_batch(small, 1, train=False)
     dynamo.reset()

@@ -52,8 +52,8 @@ def _until_end(ids: torch.Tensor, end: int) -> list[list[int]]:
 
 def test_config_and_pipeline_match_lerobot(parts):
     c = parts.model.cfg
-    assert parts.kind == "pi0_fast" and c.head == "tokens" and c.tokens.sequence == "pi0_fast"
-    assert (c.action_horizon, c.tokens.max_decode_steps, c.tokens.constrained) == (5, 32, False)
+    assert parts.kind == "pi0_fast" and c.head == "tokens" and c.head_options.sequence == "pi0_fast"
+    assert (c.action_horizon, c.head_options.max_decode_steps, c.head_options.constrained) == (5, 32, False)
     head = parts.model.head
     assert head.num_steps == 32 and head.tokenizer.kind == "pi_fast"
     assert head.prefix_ids == parts.tokenizer.encode("Action: ", bos=False) and head.bos_id == 2
@@ -88,7 +88,7 @@ def test_decoded_tokens_and_actions_match_lerobot(parts):
     assert (actions[FITTED:] == 0).all() and want[FITTED:].abs().max() > 0.1  # LeRobot's relaxed pad
     # Constrained decoding (FAST ids, "Action: " and "|" only) agrees where the model is sure.
     cfg = head.cfg
-    head.cfg = replace(cfg, tokens=replace(cfg.tokens, constrained=True))
+    head.cfg = replace(cfg, head_options=replace(cfg.head_options, constrained=True))
     try:
         again, _ = head.generate(model, batch)
     finally:

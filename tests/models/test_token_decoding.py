@@ -68,12 +68,12 @@ def test_cap_on_generated_tokens(fast_model):
     m, b = fast_model
     h = m.head
     full = h.num_steps
-    assert full == m.cfg.tokens.max_action_tokens + 1
+    assert full == m.cfg.head_options.max_action_tokens + 1
     with torch.no_grad():
         ids, lengths = h.generate(m, b)
         need = int(lengths.min())  # FAST tokens of the shorter sequence
         _, valid = m.sample(b)
-        h.cfg = replace(h.cfg, tokens=replace(h.cfg.tokens, max_decode_steps=max(need - 1, 1)))
+        h.cfg = replace(h.cfg, head_options=replace(h.cfg.head_options, max_decode_steps=max(need - 1, 1)))
         try:
             capped, _ = h.generate(m, b)
             out, capped_valid = m.sample(b)
@@ -102,7 +102,7 @@ def test_policy_invalid_decode_policy(fast_model, tmp_path):
 
     for name in ("zero", "repeat_last"):
         p = Policy.from_pretrained(tmp_path / "p")
-        p.invalid_decode = name
+        p.serving.invalid_decode = name
         p.model.sample = sample
         script = iter([True, False])
         ok, bad = p.infer(obs), p.infer(obs)
@@ -160,7 +160,7 @@ def test_length_constrained_fast_decodes_full_chunks():
     lengths = tok.piece_lengths()
     assert lengths.shape == (tok.placement.n,) and (lengths[: tok.bpe_vocab_size] >= 1).all()
     assert (lengths[tok.bpe_vocab_size :] == 9).all() and (lengths[: tok.bpe_vocab_size] == 1).sum() >= 8
-    free = replace(m.cfg, tokens=replace(m.cfg.tokens, exact_length=False))
+    free = replace(m.cfg, head_options=replace(m.cfg.head_options, exact_length=False))
     valid = {}
     with torch.no_grad():
         for name, cfg in (("exact", m.cfg), ("free", free)):
@@ -194,7 +194,11 @@ def test_policy_decoding_options_override_the_config(fast_model, tmp_path):
     m, _ = fast_model
     m.save_pretrained(tmp_path / "p")
     p = Policy.from_pretrained(tmp_path / "p", decoding={"top_p": "0.5", "invalid_decode": "repeat_last"})
-    assert p.cfg.tokens.top_p == 0.5 and p.model.head.cfg is p.cfg and p.invalid_decode == "repeat_last"
+    assert (
+        p.cfg.head_options.top_p == 0.5
+        and p.model.head.cfg is p.cfg
+        and p.serving.invalid_decode == "repeat_last"
+    )
     with pytest.raises(ValueError, match="unknown decoding option"):
         Policy.from_pretrained(tmp_path / "p", decoding={"beam": 4})
     with pytest.raises(ConfigError, match="top_p"):
@@ -213,6 +217,6 @@ def test_eval_decode_options_reach_the_workers(fast_model, tmp_path, capsys):
     m.save_pretrained(tmp_path / "p")
     spec = pickle.loads(pickle.dumps(Checkpoint(str(tmp_path / "p"), (("exact_length", "false"),))))
     p = build_policy(spec)
-    assert p.cfg.tokens.exact_length is False and policy_name(spec) == str(tmp_path / "p")
+    assert p.cfg.head_options.exact_length is False and policy_name(spec) == str(tmp_path / "p")
     assert main(["eval", "--policy", str(tmp_path / "p"), "--decode", "beam=4", "--episodes", "1"]) != 0
     assert "--decode takes KEY=VALUE" in capsys.readouterr().err

@@ -12,7 +12,7 @@ from vlastack.batch import dummy_batch
 from vlastack.config import ConfigError, TokenHeadConfig, tiny
 from vlastack.models import VLA, build_model
 from vlastack.models.action_tokens.fast import fast_error_bound
-from vlastack.models.heads.tokens import hold_last_step
+from vlastack.models.heads.tokens.head import hold_last_step
 
 
 def micro(**tokens):
@@ -30,7 +30,7 @@ def micro(**tokens):
         action_dim=4,
         state_dim=3,
         max_text_len=8,
-        tokens=TokenHeadConfig(**{"placement": "new_rows", **tokens}),
+        head_options=TokenHeadConfig(**{"placement": "new_rows", **tokens}),
     )
 
 
@@ -49,7 +49,7 @@ def make(cfg, batch=None, fit_seed=0):
     m = build_model(cfg)
     b = dummy_batch(cfg, 2) if batch is None else batch
     b["actions"] = b["actions"].clamp(-1, 1)
-    if cfg.tokens.tokenizer == "fast":
+    if cfg.head_options.tokenizer == "fast":
         b["actions"] = smooth(2, seed=7) * b["action_dim_mask"][:, None]
         m.head.fit_tokenizer(smooth(300, seed=fit_seed), action_dim_mask=b["action_dim_mask"][0])
     else:
@@ -96,7 +96,7 @@ def test_hold_last_step_and_config_checks():
         TokenHeadConfig(regression_head=True)
     with pytest.raises(ValueError, match="new_rows"):  # 1024 FAST ids do not fit a 260-token vocab
         build_model(
-            replace(micro(tokenizer="fast"), tokens=TokenHeadConfig(tokenizer="fast"))
+            replace(micro(tokenizer="fast"), head_options=TokenHeadConfig(tokenizer="fast"))
         ).head.fit_tokenizer(smooth(10))
 
 
@@ -198,7 +198,7 @@ def test_fast_end_to_end_fit_train_sample_save_load(tmp_path):
     assert (ids[0, lengths[0] :] == m.head.end_id).all()
     keep = (~b["action_is_pad"])[:, :, None] & b["action_dim_mask"][:, None]
     err = (actions - b["actions"]).abs()[keep].max()
-    assert err <= fast_error_bound(4, cfg.tokens.fast_scale) + 1e-5
+    assert err <= fast_error_bound(4, cfg.head_options.fast_scale) + 1e-5
     assert (actions[:, :, 2:] == 0).all()
     # An invalid sequence is flagged, never a silent zero action.
     bad, valid = m.head.decode_actions(torch.full_like(ids, 40), torch.full_like(lengths, 3))

@@ -135,7 +135,7 @@ def test_training_carries_the_representation_to_policy_server_and_eval(absolute_
     from vlastack.sim.evaluate import evaluate
 
     ov = ["model.vision.patch_size=16", "model.vision.depth=1", "model.vlm.depth=1", "model.expert.depth=1",
-          "model.num_denoise_steps=2", "train.batch_size=4", "train.steps=1", "data.num_workers=0",
+          "model.head_options.num_denoise_steps=2", "train.batch_size=4", "train.steps=1", "data.num_workers=0",
           "train.num_threads=2"]  # fmt: skip
     run = tmp_path / "run"
     assert main(["train", "--data", str(absolute_data), "--out", str(run), *ov]) == 0

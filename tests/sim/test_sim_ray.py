@@ -110,4 +110,7 @@ def test_ray_generation_writes_the_same_dataset(cluster, tmp_path, monkeypatch):
 
     for k in (k for k in a if k.suffix == ".mp4"):
         fa, fb = frames(a[k]), frames(b[k])
-        assert fa.shape == fb.shape and np.abs(fa - fb).mean() < 1.0 and np.abs(fa - fb).max() <= 32, k
+        # Rendering noise spread by the lossy codec, not another episode (which moves whole
+        # objects): a full suite run saw the wrist camera at mean 0.57/255, max 35/255 apart.
+        diff = np.abs(fa - fb)
+        assert fa.shape == fb.shape and diff.mean() < 1.0 and (diff > 32).mean() < 0.01, k

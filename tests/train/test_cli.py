@@ -12,7 +12,7 @@ from vlastack.config import load_yaml
 
 OV = [
     "model.vision.patch_size=16", "model.vision.depth=1", "model.vlm.depth=1", "model.expert.depth=1",
-    "model.num_denoise_steps=2", "train.batch_size=8", "train.log_every=2", "train.save_every=2",
+    "model.head_options.num_denoise_steps=2", "train.batch_size=8", "train.log_every=2", "train.save_every=2",
     "train.eval_every=2", "eval.episodes=2", "eval.num_workers=0", "eval.videos=0", "data.num_workers=0",
     "train.num_threads=2",
 ]  # fmt: skip

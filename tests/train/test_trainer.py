@@ -220,8 +220,8 @@ def test_token_head_trains_and_saves_its_action_tokenizer(tmp_path, tokenizer):
     cfg = tiny_cfg(
         "train.steps=2",
         "model.head=tokens",
-        f"model.tokens.tokenizer={tokenizer}",
-        "model.tokens.placement=new_rows",
+        f"model.head_options.tokenizer={tokenizer}",
+        "model.head_options.placement=new_rows",
         "data.norm.action=quantiles",
     )
     tr = Trainer(cfg, run_dir=tmp_path, dataset=FakeDataset(cfg))
@@ -274,8 +274,8 @@ def test_every_scalar_the_head_returns_is_logged(tmp_path):
     printed line, not only keys ending in _loss."""
     import json
 
-    cfg = tiny_cfg("train.steps=2", "model.head=tokens", "model.tokens.decoding=parallel",
-                   "model.tokens.regression_head=true", "train.save_every=100")  # fmt: skip
+    cfg = tiny_cfg("train.steps=2", "model.head=tokens", "model.head_options.decoding=parallel",
+                   "model.head_options.regression_head=true", "train.save_every=100")  # fmt: skip
     Trainer(cfg, run_dir=tmp_path, dataset=FakeDataset(cfg)).fit()
     recs = [json.loads(ln) for ln in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     last = next(r for r in reversed(recs) if "train/loss" in r)

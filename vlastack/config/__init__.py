@@ -12,7 +12,7 @@ user always sees which key is wrong (``ValueError: model.expert.depth: ...``).
 from __future__ import annotations
 
 from vlastack.config.errors import ConfigError
-from vlastack.config.heads import HEAD_NAMES, HEAD_SPECS, HeadSpec
+from vlastack.config.heads import HEAD_NAMES, HEAD_SPECS, FlowOptions, HeadSpec, OFTOptions, TokenHeadConfig
 from vlastack.config.io import (
     apply_overrides,
     from_dict,
@@ -44,7 +44,6 @@ from vlastack.config.schema import (
     ModelConfig,
     NormConfig,
     RTCTrainConfig,
-    TokenHeadConfig,
     TrainConfig,
     VisionConfig,
 )
@@ -62,10 +61,12 @@ __all__ = [
     "DecoderConfig",
     "EvalConfig",
     "ExecutionConfig",
+    "FlowOptions",
     "GroundingConfig",
     "HeadSpec",
     "ModelConfig",
     "NormConfig",
+    "OFTOptions",
     "RTCTrainConfig",
     "TokenHeadConfig",
     "TrainConfig",

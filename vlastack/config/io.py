@@ -17,12 +17,49 @@ from vlastack.config.heads import HEAD_SPECS
 from vlastack.config.presets import PRESETS, VARIANT_DEFAULTS
 from vlastack.config.schema import Config, ModelConfig
 
+# Where the heads' options lived before ``model.head_options`` held them all (flow: loose
+# ``model.*`` fields; tokens: ``model.tokens``): configs and checkpoints written then load as they
+# were, and the old override spellings (``model.num_denoise_steps=5``) still work.
+LEGACY_HEAD_KEYS = {
+    "num_denoise_steps": "flow",
+    "noise_scale": "flow",
+    "time_min_period": "flow",
+    "time_max_period": "flow",
+    "tokens": "tokens",
+}
+
+
+def _legacy_head_keys(data: dict, head: str, prefix: str, strict: bool) -> dict:
+    """A ``model`` mapping with its ``LEGACY_HEAD_KEYS`` moved into ``head_options`` (keys given
+    there win). Another head's legacy key: dropped from a saved config (that model never used it),
+    a ``ConfigError`` in an override (``strict``), which would otherwise be a silent no-op."""
+    old = [k for k in data if k in LEGACY_HEAD_KEYS]
+    if not old:
+        return data
+    data, moved = dict(data), {}
+    for k in old:
+        value, owner = data.pop(k), LEGACY_HEAD_KEYS[k]
+        key = f"{prefix}.{k}" if prefix else k
+        if owner != head:
+            if strict:
+                raise ConfigError(key, f"is an option of head {owner!r}; this model's head is {head!r}")
+            continue
+        if k == "tokens":
+            if not isinstance(value, dict):
+                raise ConfigError(key, f"expected a mapping, got {value!r}")
+            moved.update(value)
+        else:
+            moved[k] = value
+    opts = data.get("head_options")
+    if isinstance(opts, dict) or opts is None:
+        data["head_options"] = {**moved, **(opts or {})}
+    return data
+
 
 def to_dict(cfg: Any) -> Any:
-    """Dataclass tree -> plain dict (tuples become lists) for YAML/JSON. A model config keeps only
-    its own head's options (``ModelConfig.foreign_keys`` are left out)."""
+    """Dataclass tree -> plain dict (tuples become lists) for YAML/JSON."""
     if is_dataclass(cfg):
-        skip = set(cfg.foreign_keys) if isinstance(cfg, ModelConfig) else set()
+        skip = set()
         if isinstance(cfg, ModelConfig) and cfg.head_options is None:
             skip.add("head_options")  # a head without its own options: the key stays out
         if isinstance(cfg, ModelConfig) and cfg.action_representation == "auto":
@@ -97,6 +134,8 @@ def _from_dict(cls: type, data: dict, prefix: str = "", base: Any = None) -> Any
     hints = _hints(cls)
     names = {f.name for f in fields(cls)}
     kwargs = {}
+    if cls is ModelConfig:
+        data = _legacy_head_keys(data, data.get("head", getattr(base, "head", "flow")), prefix, strict=False)
     for k, v in data.items():
         key = f"{prefix}.{k}" if prefix else k
         if k not in names:
@@ -205,6 +244,8 @@ def _apply_nested(obj: Any, nested: dict, prefix: str) -> Any:
     hints = _hints(type(obj))
     names = {f.name for f in fields(obj)}
     kwargs = {}
+    if isinstance(obj, ModelConfig):
+        nested = _legacy_head_keys(nested, nested.get("head", obj.head), prefix, strict=True)
     for k, v in nested.items():
         key = f"{prefix}.{k}" if prefix else k
         if k not in names:

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from vlastack.config.errors import _check, _positive
@@ -65,113 +65,6 @@ class DecoderConfig:
             self.heads % self.kv_heads == 0,
             "kv_heads",
             f"heads ({self.heads}) must be a multiple of kv_heads ({self.kv_heads})",
-        )
-
-
-@dataclass(frozen=True)
-class TokenHeadConfig:
-    """Discrete action tokens (RT-2/OpenVLA bins, FAST). The options of ``model.head=tokens``.
-
-    Tokenizers need actions in [-1, 1]: train token heads with ``data.norm.action=quantiles``.
-    ``decoding='parallel'`` (OpenVLA-OFT) needs the fixed-length ``tokenizer='bins'``.
-    """
-
-    tokenizer: str = "bins"  # bins | fast
-    num_bins: int = 256
-    placement: str = "overwrite_last"  # overwrite_last | skip_special | new_rows
-    fast_scale: float = 10.0
-    fast_vocab_size: int = 1024
-    max_action_tokens: int = 64
-    decoding: str = "autoregressive"  # autoregressive | parallel
-    temperature: float = 0.0
-    regression_head: bool = False  # OFT-style L1 head for parallel decoding
-    # The state enters the prompt as one continuous token (a Linear into the VLM width) or, as in
-    # pi05, as one discrete token per dim (``state_bins`` uniform bins over [-1, 1]).
-    state_input: str = "continuous"  # continuous | discrete
-    state_bins: int = 256
-    # Decoding options (docs/model.md, "Token head"). Sampling at temperature > 0 is seeded by
-    # Policy(seed=...); top_p < 1 samples from the smallest set of ids holding top_p of the mass.
-    top_p: float = 1.0
-    # Hard cap on generated tokens (0: what the tokenizer needs: H*A bins, max_action_tokens + 1).
-    max_decode_steps: int = 0
-    # A chunk whose tokens do not decode (e.g. a FAST sequence cut by the cap): "zero" returns
-    # zeros, "repeat_last" has Policy repeat its last valid chunk; both flag it (valid=False) and
-    # Policy.decode_stats counts it.
-    invalid_decode: str = "zero"  # zero | repeat_last
-    # Decode among the action ids (+ end) only; False: the whole vocabulary, as LeRobot's pi0-FAST.
-    constrained: bool = True
-    # FAST, with constrained: also only ids whose BPE pieces keep the DCT coefficients written
-    # <= H*A, and the end id exactly at H*A, so every finished sequence decodes to a full chunk.
-    # False: any action id at any point (a sequence may expand to the wrong count: invalid).
-    exact_length: bool = True
-    # "pi0_fast": the LeRobot/openpi pi0-FAST layout (state in the prompt text, "<bos>" closes the
-    # prompt block, the model writes "Action: " + FAST ids + "|"); set by `vla import`.
-    sequence: str = "vlastack"  # vlastack | pi0_fast
-    # Training targets. bin_sigma (bins): a Gaussian over neighbouring bins (std in bins) instead
-    # of one-hot; label_smoothing: uniform smoothing; l1_weight: the L1 head's loss weight.
-    bin_sigma: float = 0.0
-    label_smoothing: float = 0.0
-    l1_weight: float = 1.0
-
-    def __post_init__(self) -> None:
-        _check(
-            self.state_input in ("continuous", "discrete"),
-            "state_input",
-            f"must be 'continuous' or 'discrete', got {self.state_input!r}",
-        )
-        _check(self.state_bins >= 2, "state_bins", f"must be >= 2, got {self.state_bins}")
-        _check(self.bin_sigma >= 0, "bin_sigma", f"must be >= 0, got {self.bin_sigma}")
-        _check(
-            0 <= self.label_smoothing < 1, "label_smoothing", f"must be in [0, 1), got {self.label_smoothing}"
-        )
-        _check(self.l1_weight >= 0, "l1_weight", f"must be >= 0, got {self.l1_weight}")
-        _check(
-            self.tokenizer in ("bins", "fast"),
-            "tokenizer",
-            f"must be 'bins' or 'fast', got {self.tokenizer!r}",
-        )
-        _check(
-            self.placement in ("overwrite_last", "skip_special", "new_rows"),
-            "placement",
-            f"must be overwrite_last | skip_special | new_rows, got {self.placement!r}",
-        )
-        _check(
-            self.decoding in ("autoregressive", "parallel"),
-            "decoding",
-            f"must be 'autoregressive' or 'parallel', got {self.decoding!r}",
-        )
-        _positive(self, "num_bins", "fast_scale", "fast_vocab_size", "max_action_tokens")
-        _check(self.temperature >= 0, "temperature", f"must be >= 0, got {self.temperature}")
-        _check(
-            self.decoding != "parallel" or self.tokenizer == "bins",
-            "decoding",
-            "parallel decoding predicts a fixed number of tokens: it needs tokenizer='bins', not 'fast'",
-        )
-        _check(
-            not self.regression_head or self.decoding == "parallel",
-            "regression_head",
-            "the L1 regression head reads the parallel action positions: set decoding='parallel'",
-        )
-        _check(0 < self.top_p <= 1, "top_p", f"must be in (0, 1], got {self.top_p}")
-        _check(
-            self.max_decode_steps >= 0,
-            "max_decode_steps",
-            f"must be >= 0 (0 = off), got {self.max_decode_steps}",
-        )
-        _check(
-            self.invalid_decode in ("zero", "repeat_last"),
-            "invalid_decode",
-            f"must be 'zero' or 'repeat_last', got {self.invalid_decode!r}",
-        )
-        _check(
-            self.sequence in ("vlastack", "pi0_fast"),
-            "sequence",
-            f"must be 'vlastack' or 'pi0_fast', got {self.sequence!r}",
-        )
-        _check(
-            self.sequence == "vlastack" or (self.tokenizer == "fast" and self.decoding == "autoregressive"),
-            "sequence",
-            "the pi0_fast layout is autoregressive FAST: needs tokenizer='fast', decoding='autoregressive'",
         )
 
 
@@ -248,9 +141,8 @@ class ModelConfig:
     head: str = "flow"  # a name in the head registry, config.HEAD_NAMES (config/heads.py)
     # Flow-head variant. "pi0": a state token in the suffix, the flow time mixed into the action
     # tokens. "pi05": the state written into the prompt as 256-bin tokens, no state token, and the
-    # flow time conditioning the action expert's adaptive RMSNorms (see models/heads/flow.py).
+    # flow time conditioning the action expert's adaptive RMSNorms (see models/heads/flow/head.py).
     variant: str = "pi0"
-    tokens: TokenHeadConfig = field(default_factory=TokenHeadConfig)
     grounding: GroundingConfig = field(default_factory=GroundingConfig)
     action_horizon: int = 50
     action_dim: int = 32
@@ -261,12 +153,6 @@ class ModelConfig:
     # borders), which imported Pi0/Pi0.5 checkpoints were pretrained with.
     image_resize: str = "stretch"
     max_text_len: int = 48
-    num_denoise_steps: int = 10
-    # Sampling temperature: the flow starts from noise_scale * N(0, I). 1 samples the learned
-    # distribution; < 1 moves toward its mode, which helps small, under-trained policies.
-    noise_scale: float = 1.0
-    time_min_period: float = 4e-3
-    time_max_period: float = 4.0
     # "byte": a file-free byte-level tokenizer; otherwise a folder with tokenizer.json/.model.
     tokenizer: str = "byte"
     # What the actions mean ("delta" | "absolute", ACTION_REPRESENTATIONS), carried to Policy, the
@@ -274,15 +160,23 @@ class ModelConfig:
     # training data's record (``vla data generate`` writes one); it stays "auto" = unspecified for
     # data that does not say and for checkpoints that never trained here (imports).
     action_representation: str = "auto"
-    # The options of a head registered with its own options dataclass (``HeadSpec.options_cls``;
-    # ``model.head_options.<key>`` in YAML and overrides); None for a head without one. Saved only
-    # with that head, so adding a head never changes another head's checkpoints.
+    # The head's own options: its ``HeadSpec.options_cls`` (flow: FlowOptions, tokens:
+    # TokenHeadConfig, oft: OFTOptions; ``model.head_options.<key>`` in YAML and overrides); None
+    # for a head without any. Saved only with that head, so adding a head never changes another
+    # head's checkpoints. (Configs written before this field: config.io.LEGACY_HEAD_KEYS.)
     head_options: Any = None
 
     def __post_init__(self) -> None:
         _check(self.variant in ("pi0", "pi05"), "variant", f"must be 'pi0' or 'pi05', got {self.variant!r}")
         _check(self.head in HEAD_NAMES, "head", f"must be one of {list(HEAD_NAMES)}, got {self.head!r}")
         spec = self.head_spec
+        other = tuple(
+            sp.options_cls for sp in HEAD_SPECS.values() if sp.options_cls not in (None, spec.options_cls)
+        )
+        if isinstance(self.head_options, other):
+            # another head's options, carried over by ``replace(cfg, head=...)``: as an override
+            # of ``model.head`` does (config/io.py), the new head starts from its own defaults
+            object.__setattr__(self, "head_options", None)
         if spec.options_cls is None:
             _check(self.head_options is None, "head_options", f"head {self.head!r} takes no head_options")
         elif self.head_options is None:  # the head's defaults
@@ -299,7 +193,7 @@ class ModelConfig:
             f"head {self.head!r} takes variant {' or '.join(map(repr, spec.variants))}, got {self.variant!r} "
             f"(pi05 is a variant of the flow head)",
         )
-        _positive(self, "action_horizon", "action_dim", "state_dim", "max_text_len", "num_denoise_steps")
+        _positive(self, "action_horizon", "action_dim", "state_dim", "max_text_len")
         _check(
             self.action_representation in ("auto", *ACTION_REPRESENTATIONS),
             "action_representation",
@@ -351,30 +245,25 @@ class ModelConfig:
                 "the recorded image positions assume image_resize='stretch'",
             )
             _check(
-                not spec.action_tokens or self.tokens.state_input == "continuous",
+                not spec.action_tokens or self.head_options.state_input == "continuous",
                 "grounding.points",
                 "grounding feeds the token head's continuous state token: needs "
-                "tokens.state_input='continuous'",
+                "head_options.state_input='continuous'",
             )
             _check(
                 -v.depth <= g.layer < v.depth,
                 "grounding.layer",
                 f"must be in [-{v.depth}, {v.depth}) for vlm.depth {v.depth}, got {g.layer}",
             )
-        _check(self.noise_scale >= 0, "noise_scale", f"must be >= 0, got {self.noise_scale}")
-        _check(self.time_min_period > 0, "time_min_period", "must be > 0")
-        _check(self.time_max_period > self.time_min_period, "time_max_period", "must exceed time_min_period")
+
+    def with_head_options(self, **changes: Any) -> ModelConfig:
+        """This config with some of its head's options changed (``replace`` for ``head_options``)."""
+        return replace(self, head_options=replace(self.head_options, **changes))
 
     @property
     def head_spec(self) -> HeadSpec:
         """What ``head`` builds and can do (``config/heads.py``)."""
         return HEAD_SPECS[self.head]
-
-    @property
-    def foreign_keys(self) -> frozenset[str]:
-        """Options of the other heads: unused by this model, left out of its saved config."""
-        other = {k for name, sp in HEAD_SPECS.items() if name != self.head for k in sp.options}
-        return frozenset(other - set(self.head_spec.options))
 
     @property
     def num_cameras(self) -> int:

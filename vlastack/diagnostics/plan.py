@@ -137,10 +137,10 @@ def simulate(cfg: Config, batch_size: int, mode: str = "train", steps: int = 2, 
     for a run on ``target`` (cpu | cuda: which optimizer kernels the step uses)."""
     if target not in TARGETS:
         raise ValueError(f"target {target!r}: choose one of {TARGETS}")
-    if cfg.model.head_spec.action_tokens and cfg.model.tokens.tokenizer != "bins":
+    if cfg.model.head_spec.action_tokens and cfg.model.head_options.tokenizer != "bins":
         raise ValueError(
-            f"vla plan cannot simulate the {cfg.model.tokens.tokenizer!r} action tokenizer (it encodes real "
-            "data); plan with model.tokens.tokenizer=bins and the same max_action_tokens instead"
+            f"vla plan cannot simulate the {cfg.model.head_options.tokenizer!r} action tokenizer (it encodes real "
+            "data); plan with model.head_options.tokenizer=bins and the same max_action_tokens instead"
         )
     # allow_non_fake_inputs: a fitted token head keeps small real lookup tables as plain attributes
     with FakeTensorMode(allow_non_fake_inputs=True):

@@ -14,8 +14,9 @@ def _policy_args(p: argparse.ArgumentParser) -> None:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from vlastack.infer.policy import Policy, parse_decoding
+    from vlastack.infer.policy import Policy
     from vlastack.infer.server import PolicyServer, run
+    from vlastack.models.heads.tokens.serving import parse_decoding
 
     if args.max_batch < 1 or args.max_message_mb <= 0:
         raise ValueError("--max-batch must be >= 1 and --max-message-mb > 0")
@@ -41,7 +42,7 @@ def _serve(args: argparse.Namespace) -> int:
         dtype=args.dtype,
         fast=args.fast,
         ema=args.ema,
-        decoding=decoding,
+        decoding=decoding or None,  # a flow head takes no decoding options
         guidance=args.guidance,
         guidance_max=args.guidance_max,
     )

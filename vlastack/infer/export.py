@@ -32,6 +32,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from vlastack.config import to_dict
 from vlastack.infer.policy import ACTION_KEY, STATE_KEY, Policy
 
 FORMATS = {"pt2": "policy.pt2", "onnx": "policy.onnx", "torchscript": "policy.ts"}
@@ -202,7 +203,7 @@ def export_policy(
         "image_size": c.vision.image_size,
         "image_preprocess": "uint8 RGB, resized to image_size (bilinear); the graph maps 0..255 to [-1, 1]",
         "head": c.head,
-        "num_denoise_steps": c.num_denoise_steps,
+        "head_options": to_dict(c.head_options) if c.head_options is not None else {},
         "action_horizon": c.action_horizon,
         "state_dim": policy.state_dim,
         "action_dim": policy.action_dim,

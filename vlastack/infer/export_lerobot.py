@@ -55,7 +55,7 @@ def export_lerobot(policy_folder: str | Path, out: str | Path) -> Path:
     model = VLA.from_pretrained(folder)
     cfg = model.cfg
     kind = getattr(cfg, "variant", "pi0")
-    if cfg.head_spec.action_tokens and cfg.tokens.sequence == "pi0_fast":
+    if cfg.head_spec.action_tokens and cfg.head_options.sequence == "pi0_fast":
         return _export_pi0_fast(model, folder, out)
     if not cfg.head_spec.export_lerobot or cfg.grounding.points:
         raise ValueError(
@@ -92,9 +92,9 @@ def export_lerobot(policy_folder: str | Path, out: str | Path) -> Path:
         "n_action_steps": cfg.action_horizon,
         "max_state_dim": cfg.state_dim,
         "max_action_dim": cfg.action_dim,
-        "num_inference_steps": cfg.num_denoise_steps,
-        "min_period": cfg.time_min_period,
-        "max_period": cfg.time_max_period,
+        "num_inference_steps": cfg.head_options.num_denoise_steps,
+        "min_period": cfg.head_options.time_min_period,
+        "max_period": cfg.head_options.time_max_period,
         "image_resolution": [s, s],
         "tokenizer_max_length": cfg.max_text_len,
         "normalization_mapping": norm_map,
@@ -198,21 +198,21 @@ def _export_pi0_fast(model: VLA, folder: Path, out: Path) -> Path:
 
     s = cfg.vision.image_size
     feats, out_feats, norm_map = _features(cfg, stats, modes, tok.action_dim)
-    steps = cfg.tokens.max_decode_steps or head.num_steps
+    steps = cfg.head_options.max_decode_steps or head.num_steps
     config = {
         "type": "pi0_fast", "n_obs_steps": 1, "input_features": feats, "output_features": out_feats,
         "device": "cpu", "paligemma_variant": "gemma_2b", "action_expert_variant": "gemma_300m",
         "dtype": "float32", "chunk_size": cfg.action_horizon, "n_action_steps": cfg.action_horizon,
         "max_state_dim": cfg.state_dim, "max_action_dim": cfg.action_dim,
-        "max_action_tokens": cfg.tokens.max_action_tokens, "image_resolution": [s, s],
+        "max_action_tokens": cfg.head_options.max_action_tokens, "image_resolution": [s, s],
         "tokenizer_max_length": cfg.max_text_len, "text_tokenizer_name": TOKENIZER,
-        "action_tokenizer_name": tok.name, "temperature": cfg.tokens.temperature,
+        "action_tokenizer_name": tok.name, "temperature": cfg.head_options.temperature,
         "max_decoding_steps": steps, "fast_skip_tokens": skip, "validate_action_token_prefix": head.require_prefix,
         "use_kv_cache": True, "normalization_mapping": norm_map,
     }  # fmt: skip
     (out / "config.json").write_text(json.dumps(config, indent=4))
     text = _text_tokenizer(cfg)
-    action = {"trust_remote_code": True, "max_action_tokens": cfg.tokens.max_action_tokens,
+    action = {"trust_remote_code": True, "max_action_tokens": cfg.head_options.max_action_tokens,
               "action_tokenizer_name": tok.name}  # fmt: skip
     pre = [("rename_observations_processor", {"rename_map": {}}), ("to_batch_processor", {}),
            ("relative_actions_processor", {"enabled": False, "exclude_joints": ["gripper"], "action_names": None}),

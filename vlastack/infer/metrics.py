@@ -105,7 +105,7 @@ class Metrics:
             d = self.decode_stats()
             lines += [
                 "# HELP vla_token_chunks_total Token-head chunks decoded, invalid (not a full chunk), "
-                "and replaced by the last valid one (model.tokens.invalid_decode=repeat_last).",
+                "and replaced by the last valid one (model.head_options.invalid_decode=repeat_last).",
                 "# TYPE vla_token_chunks_total counter",
             ]
             lines += [f'vla_token_chunks_total{{result="{k}"}} {v}' for k, v in sorted(d.items())]

@@ -19,7 +19,7 @@ out s = max(``steps_per_chunk``, d) steps after the previous one. Methods (``EXE
 - ``naive_async``: switch to the new chunk on arrival (it may disagree: a jump);
 - ``temporal_ensemble``: ACT's exponential average of every arrived chunk covering the step;
 - ``rtc_inference``: the request carries the leftover of the executing chunk and the delay
-  estimate; the policy inpaints (guided flow sampling, models/heads/rtc.py);
+  estimate; the policy inpaints (guided flow sampling, models/heads/flow/rtc.py);
 - ``rtc_training``: the same request, answered by feeding the committed actions clean (a policy
   trained with ``train.rtc.max_delay``).
 

@@ -323,9 +323,9 @@ class PolicyServer:
         self.http_port = port + 1 if http_port is None and port else (http_port or 0)
         self.token, self.max_bytes, self.drain_timeout_s = token, max_message_bytes, drain_timeout_s
         self.drain_grace_s = drain_grace_s
-        cfg = getattr(policy, "cfg", None)  # (test doubles may have none)
-        tokens = cfg is not None and cfg.head_spec.action_tokens  # its decode counters
-        self.metrics = Metrics(decode_stats=(lambda: dict(policy.decode_stats)) if tokens else None)
+        # a token head's decode counters (test doubles and flow heads have none)
+        counted = getattr(policy, "decode_stats", None) is not None
+        self.metrics = Metrics(decode_stats=(lambda: dict(policy.decode_stats)) if counted else None)
         self.batcher = Batcher(policy, max_batch, self.metrics, max_wait_ms=max_wait_ms)
         self.metadata = policy.metadata | {
             "max_message_bytes": max_message_bytes,

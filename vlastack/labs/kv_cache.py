@@ -169,7 +169,7 @@ def prefix_once_vs_recompute(ctx: Ctx) -> Finding:
         )
     diff = (cached - full).abs().max().item()
     speed = t["uncached"] / t["cached"]
-    steps = cfg.model.num_denoise_steps
+    steps = cfg.model.head_options.num_denoise_steps
     return Finding(
         f"vlastack tiny, batch 1, {steps} flow steps: prefix once (KV cache) {t['cached']:.1f} ms vs prefix "
         f"recomputed every step {t['uncached']:.1f} ms ({speed:.2f}x); max |diff| {diff:.1e}",

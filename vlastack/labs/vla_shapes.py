@@ -133,15 +133,15 @@ def shifted_logits_need_reshape(ctx: Ctx) -> Finding:
 def dotted_overrides(ctx: Ctx) -> Finding:
     from vlastack.config import load_config
 
-    cfg = load_config("tiny", overrides=["model.num_denoise_steps=5", "train.lr=1e-4"])
+    cfg = load_config("tiny", overrides=["model.head_options.num_denoise_steps=5", "train.lr=1e-4"])
     try:
         load_config("tiny", overrides=["model.num_denoise_stepz=5"])
         err = "no error"
     except ValueError as e:
         err = str(e)[:70]
-    ok = cfg.model.num_denoise_steps == 5 and cfg.train.lr == 1e-4 and err != "no error"
+    ok = cfg.model.head_options.num_denoise_steps == 5 and cfg.train.lr == 1e-4 and err != "no error"
     return Finding(
-        f"model.num_denoise_steps=5 train.lr=1e-4 -> {cfg.model.num_denoise_steps}, {cfg.train.lr}; a typo -> "
+        f"model.head_options.num_denoise_steps=5 train.lr=1e-4 -> {cfg.model.head_options.num_denoise_steps}, {cfg.train.lr}; a typo -> "
         f"ValueError '{err}'",
         ok,
         "True as a pattern; vlastack does it with frozen dataclasses + dotted overrides (no Hydra), and "

@@ -260,7 +260,7 @@ def _eval(args: argparse.Namespace) -> int:
             )
         steps_per_chunk = horizon
     if args.decode:
-        from vlastack.infer.policy import parse_decoding
+        from vlastack.models.heads.tokens.serving import parse_decoding
         from vlastack.sim.policies import Checkpoint
 
         decoding = tuple(parse_decoding(args.decode).items())

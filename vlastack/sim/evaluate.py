@@ -200,11 +200,8 @@ def _realtime_episode(env, obs, policy, name, seed, steps_per_chunk, ensemble, f
             frames.append(_video_frame(o))
         return o, terminated or truncated
 
-    if hasattr(policy, "guidance_max"):  # a vlastack Policy: inference-time RTC's clip (beta)
-        policy.guidance_max = execution.guidance_max
-        policy.guidance = execution.guidance
-        policy.bid_samples = execution.bid_samples
-        policy.bid_noise_scale = execution.bid_noise_scale
+    if hasattr(policy, "set_execution"):  # a vlastack Policy: RTC's guidance, BID's candidates
+        policy.set_execution(execution)
     spc = execution.horizon or steps_per_chunk
     rep = getattr(env, "action_representation", "delta")
     runner = RealtimeRunner(

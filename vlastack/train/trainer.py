@@ -79,16 +79,20 @@ def check_dataset_fits(dataset, cfg: Config) -> list[str]:
 # Model fields that shape no weight: a fine-tune may rename cameras (a new robot), change how
 # images are resized, the prompt length, the chunk length, the sampler or what actions mean.
 FREE_WHEN_FINE_TUNING = (
-    "camera_names", "image_resize", "max_text_len", "action_horizon", "num_denoise_steps", "noise_scale",
-    "tokenizer", "action_representation",
+    "camera_names", "image_resize", "max_text_len", "action_horizon", "head_options.num_denoise_steps",
+    "head_options.noise_scale", "tokenizer", "action_representation",
 )  # fmt: skip
 
 
 def differing_fields(a: ModelConfig, b: ModelConfig) -> list[str]:
-    """Top-level ``ModelConfig`` fields whose values differ between ``a`` and ``b`` (options of a
-    head neither uses are not compared: a saved config leaves them out)."""
-    skip = a.foreign_keys & b.foreign_keys
-    return [f.name for f in fields(a) if f.name not in skip and getattr(a, f.name) != getattr(b, f.name)]
+    """``ModelConfig`` fields whose values differ between ``a`` and ``b``; the head's options one
+    by one (``head_options.<key>``) when both are the same head's."""
+    out = [f.name for f in fields(a) if getattr(a, f.name) != getattr(b, f.name)]
+    x, y = a.head_options, b.head_options
+    if "head_options" in out and x is not None and type(x) is type(y):  # the options one by one
+        out = [k for k in out if k != "head_options"]
+        out += [f"head_options.{g.name}" for g in fields(x) if getattr(x, g.name) != getattr(y, g.name)]
+    return out
 
 
 def init_normalizer(init_from: str) -> Normalizer | ExactNormalizer:

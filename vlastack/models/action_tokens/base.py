@@ -121,7 +121,7 @@ class ActionTokenizer:
     """Shared plumbing. Subclasses implement ``_encode_internal`` / ``_decode_internal``."""
 
     kind = ""
-    # The model.tokens.tokenizer value this tokenizer serves ("bins" | "fast"); None: ``kind``.
+    # The model.head_options.tokenizer value this tokenizer serves ("bins" | "fast"); None: ``kind``.
     family: ClassVar[str | None] = None
     # Decoded chunks are clipped to [-1, 1] (the range the tokenizer was fitted on).
     clip_output: ClassVar[bool] = True

@@ -42,6 +42,7 @@ from vlastack.config import (
     Config,
     DecoderConfig,
     EvalConfig,
+    FlowOptions,
     ModelConfig,
     TokenHeadConfig,
     VisionConfig,
@@ -334,9 +335,11 @@ def config_from_checkpoint(
         camera_names=cameras,
         image_resize="pad",  # openpi/LeRobot resize_with_pad, also when fine-tuning it
         max_text_len=meta.get("tokenizer_max_length", 200 if kind == "pi05" else 48),
-        num_denoise_steps=meta.get("num_inference_steps", 10),
-        time_min_period=meta.get("min_period", 4e-3),
-        time_max_period=meta.get("max_period", 4.0),
+        head_options=FlowOptions(
+            num_denoise_steps=meta.get("num_inference_steps", 10),
+            time_min_period=meta.get("min_period", 4e-3),
+            time_max_period=meta.get("max_period", 4.0),
+        ),
         tokenizer=tokenizer,
         action_representation=representation,
     )
@@ -410,7 +413,7 @@ def _apply(cfg: ModelConfig, overrides: list[str] | tuple[str, ...]) -> ModelCon
 def _pi0_fast_config(
     ckpt: Checkpoint, vision: VisionConfig, vlm: DecoderConfig, expert: DecoderConfig
 ) -> ModelConfig:
-    """pi0-FAST: PaliGemma + the token head in LeRobot's layout (``model.tokens.sequence=pi0_fast``):
+    """pi0-FAST: PaliGemma + the token head in LeRobot's layout (``model.head_options.sequence=pi0_fast``):
     greedy or sampled over the whole vocabulary, at most ``max_decoding_steps`` tokens, FAST ids at
     ``vocab - 1 - fast_skip_tokens - k``. The FAST processor (``find_fast_processor``) gives the
     scale and the BPE size."""
@@ -438,7 +441,7 @@ def _pi0_fast_config(
         vlm=vlm,
         expert=expert,
         head="tokens",
-        tokens=tokens,
+        head_options=tokens,
         action_horizon=horizon,
         action_dim=meta.get("max_action_dim", 32),
         state_dim=meta.get("max_state_dim", 32),

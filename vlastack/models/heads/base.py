@@ -46,7 +46,9 @@ class ActionHead(Protocol):
         self, backbone: Backbone, batch: Batch, noise: Tensor | None = None, **kwargs: Any
     ) -> ActionOutput:
         """A chunk for each sample. ``noise`` [B, H, A]: a flow head's starting noise (others ignore
-        it); ``kwargs``: head-specific options (the flow head's ``num_steps``, ``cache``)."""
+        it); ``kwargs``: ``generator`` (every head takes it: the seeded draws of a sampler that
+        draws, e.g. a token head at temperature > 0) and head-specific options (the flow head's
+        ``num_steps``, ``cache``)."""
         ...
 
     def frozen_backbone_params(self, backbone: Backbone) -> list[str]:

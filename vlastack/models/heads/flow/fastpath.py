@@ -42,8 +42,9 @@ from einops import rearrange
 from torch import Tensor, nn
 
 from vlastack.models.gemma import AttentionProj, DecoderBlock
-from vlastack.models.heads.flow import FlowHead, sincos_time_embedding
+from vlastack.models.heads.flow.head import FlowHead, sincos_time_embedding
 from vlastack.models.siglip import SiglipAttention, SiglipBlock
+from vlastack.nn.compile import allow_recompiles
 from vlastack.nn.kv_cache import StaticKVCache
 from vlastack.nn.mlp import GeGLU
 from vlastack.nn.norms import AdaRMSNorm, LayerNorm, RMSNorm
@@ -263,10 +264,12 @@ def precompute_time(model: nn.Module, num_steps: int | None = None) -> nn.Module
     if hasattr(model, PREPARED_ATTR):
         raise ValueError("the time branch is already precomputed (prepare_for_inference runs once)")
     c = model.cfg
-    n = num_steps or c.num_denoise_steps
+    n = num_steps or c.head_options.num_denoise_steps
     dev = head.action_in_proj.weight.device
     t = torch.tensor(schedule(n), dtype=torch.float32, device=dev)
-    temb = sincos_time_embedding(t, c.expert.width, c.time_min_period, c.time_max_period)  # [n, We]
+    temb = sincos_time_embedding(
+        t, c.expert.width, c.head_options.time_min_period, c.head_options.time_max_period
+    )  # [n, We]
 
     def lin(m: nn.Linear, x: Tensor) -> Tensor:
         return F.linear(x, m.weight.float(), None if m.bias is None else m.bias.float())
@@ -285,7 +288,12 @@ def precompute_time(model: nn.Module, num_steps: int | None = None) -> nn.Module
         w = c.expert.width
         m = _plain(head.action_time_mlp_in, "action_time_mlp_in")  # input: cat([action, time])
         t0 = torch.zeros(1, device=dev)
-        temb = torch.cat([temb, sincos_time_embedding(t0, w, c.time_min_period, c.time_max_period)])
+        temb = torch.cat(
+            [
+                temb,
+                sincos_time_embedding(t0, w, c.head_options.time_min_period, c.head_options.time_max_period),
+            ]
+        )
         bias = temb @ m.weight[:, w:].float().t() + m.bias.float()  # [n + 1, We]: the steps, time 0
         act_in = nn.Linear(w, w, bias=False, device=dev, dtype=m.weight.dtype)
         act_in.weight.copy_(m.weight[:, :w])
@@ -365,23 +373,6 @@ def fast_velocity(
     return head.action_out_proj(out.expert[:, head.n_state :]).float()
 
 
-# Each batch size (a server micro-batches 1..max_batch; BID samples K x B) and each sampler kind
-# (plain, prefix) is one more compiled variant of the same code (the step, the head's prefill).
-# Dynamo allows 8 per code object, and with fullgraph=True the 9th raises FailOnRecompileLimitHit
-# instead of running: a server would fail requests from its 9th shape on (tested).
-COMPILED_VARIANTS = 64
-
-
-def allow_recompiles(n: int = COMPILED_VARIANTS) -> None:
-    """Raise dynamo's per-code-object recompile limit to at least ``n`` (process-wide: the limit
-    is global: ``recompile_limit``, named ``cache_size_limit`` in older torch)."""
-    cfg = torch._dynamo.config
-    # the first name that exists (``cache_size_limit`` is an alias where both do)
-    name = next(k for k in ("recompile_limit", "cache_size_limit") if hasattr(cfg, k))
-    if getattr(cfg, name) < n:
-        setattr(cfg, name, n)
-
-
 # torch.compile modes a sampler may use: the ones that capture CUDA graphs themselves
 # ("reduce-overhead", "max-autotune") would capture inside our own capture of the whole call.
 # "max-autotune-no-cudagraphs" benchmarks GEMM configs (Triton templates, split-K) for the step's
@@ -456,7 +447,7 @@ class StaticSampler:
     instead (``compile_layers``): a shorter warm-up, the same single captured graph.
 
     ``prefix=True`` (pi0): training-time real-time chunking, ``prefix_sample`` of
-    models/heads/rtc.py as a static function: each call also takes the committed actions
+    models/heads/flow/rtc.py as a static function: each call also takes the committed actions
     ``action_prefix`` fp32 [B, H, A] and their count ``prefix_len`` long [B]; they are fed clean at
     flow time 0 (``zero_row``) and kept, the other steps follow the schedule.
     """
@@ -578,7 +569,7 @@ class StaticSampler:
                     f"{buf.dtype} {tuple(buf.shape)} (make a sampler per batch size)"
                 )
             buf.copy_(v, non_blocking=True)
-        scale = self.model.cfg.noise_scale if noise_scale is None else noise_scale
+        scale = self.model.cfg.head_options.noise_scale if noise_scale is None else noise_scale
         self.noise.copy_(noise * scale, non_blocking=True)
         if self.prefix:
             b, h = noise.shape[:2]
@@ -654,7 +645,7 @@ class FastFlow:
     def prefix_sample(
         self, batch: dict[str, Any], noise: Tensor, action_prefix: Tensor, prefix_len: Tensor
     ) -> Tensor:
-        """``models.heads.rtc.prefix_sample`` on the prepared model: committed actions
+        """``models.heads.flow.rtc.prefix_sample`` on the prepared model: committed actions
         ``action_prefix`` [B, H, A] (first ``prefix_len`` [B] steps) fed clean. -> fp32 [B, H, A]."""
         b = noise.shape[0]
         if b not in self.prefix_samplers:

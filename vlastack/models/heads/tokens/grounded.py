@@ -29,7 +29,7 @@ from vlastack.batch import Batch
 from vlastack.config import ModelConfig
 from vlastack.models.backbone import Backbone
 from vlastack.models.heads.grounding import GroundingHead, attention_loss
-from vlastack.models.heads.tokens import TokenHead
+from vlastack.models.heads.tokens.head import TokenHead
 from vlastack.nn.attention import block_causal_mask
 from vlastack.nn.kv_cache import StaticKVCache
 

@@ -28,7 +28,7 @@ from torch import Tensor
 from vlastack.batch import Batch
 from vlastack.config import GUIDANCE_MODES
 from vlastack.models.backbone import Backbone
-from vlastack.models.heads.flow import FlowHead
+from vlastack.models.heads.flow.head import FlowHead
 
 
 def prefix_weights(horizon: int, delay: int, overlap: int) -> Tensor:
@@ -81,11 +81,11 @@ def guided_sample(
     assert target.shape == noise.shape == weights.shape, (target.shape, noise.shape, weights.shape)
     if guidance not in GUIDANCE_MODES:
         raise ValueError(f"guidance must be one of {' | '.join(GUIDANCE_MODES)}, got {guidance!r}")
-    n = num_steps or c.num_denoise_steps
+    n = num_steps or c.head_options.num_denoise_steps
     if guidance == "identity":  # no autograd: nothing to leave inference mode or unfreeze for
         with torch.no_grad():
             cache, positions, mask, state = head.prefill(backbone, batch)
-            args = (noise.float() * c.noise_scale, target.float(), weights.float(), beta, n)
+            args = (noise.float() * c.head_options.noise_scale, target.float(), weights.float(), beta, n)
             return _guided_loop(head, backbone, cache, positions, mask, state, *args, vjp=False)
     # Guidance needs x's gradient. Under a caller's inference_mode (a robot loop, LeRobot's
     # select_action), enable_grad alone does not bring autograd back (LeRobot's guidance raises
@@ -94,7 +94,7 @@ def guided_sample(
         target, weights, noise = (_normal(t.float()) for t in (target, weights, noise))
         with torch.no_grad():
             cache, positions, mask, state = head.prefill(backbone, batch)
-        x = noise * c.noise_scale
+        x = noise * c.head_options.noise_scale
         # Only x needs a gradient: with the weights frozen, autograd records no weight-gradient paths.
         trainable = [p for p in backbone.parameters() if p.requires_grad]
         for p in trainable:
@@ -153,10 +153,10 @@ def prefix_sample(
     b, h, _ = noise.shape
     assert prefix.shape == noise.shape and prefix_len.shape == (b,), (prefix.shape, prefix_len.shape)
     committed = torch.arange(h, device=noise.device)[None] < prefix_len.to(noise.device)[:, None]
-    n = num_steps or c.num_denoise_steps
+    n = num_steps or c.head_options.num_denoise_steps
     cache, positions, mask, state = head.prefill(backbone, batch)
     prefix = prefix.float()
-    x = torch.where(committed[..., None], prefix, noise.float() * c.noise_scale)
+    x = torch.where(committed[..., None], prefix, noise.float() * c.head_options.noise_scale)
     dt = -1.0 / n
     for i in range(n):
         t = torch.where(committed, 0.0, 1.0 + i * dt)  # [B, H]: a flow time per action token

@@ -134,10 +134,12 @@ class FlowHead(HeadBase):
             if c.adarms:
                 raise ValueError("a flow time per action token needs variant='pi0' (pi05 has one per sample)")
             assert t.shape == x_t.shape[:2], (t.shape, x_t.shape)
-            temb = sincos_time_embedding(t.reshape(-1), w, c.time_min_period, c.time_max_period)
+            temb = sincos_time_embedding(
+                t.reshape(-1), w, c.head_options.time_min_period, c.head_options.time_max_period
+            )
             temb = temb.reshape(*t.shape, w).to(act.dtype)
         else:
-            temb = sincos_time_embedding(t, w, c.time_min_period, c.time_max_period)
+            temb = sincos_time_embedding(t, w, c.head_options.time_min_period, c.head_options.time_max_period)
         if c.adarms:
             cond = F.silu(self.time_mlp_out(F.silu(self.time_mlp_in(temb.to(act.dtype)))))
             return act, cond
@@ -292,19 +294,22 @@ class FlowHead(HeadBase):
         num_steps: int | None = None,
         cache: StaticKVCache | None = None,
         noise_scale: float | None = None,
+        generator: torch.Generator | None = None,
     ) -> ActionOutput:
         """Euler integration from t=1 (noise) to t=0. -> ActionOutput(actions fp32 [B, H, A], None).
         ``noise_scale``: this call's temperature instead of the config's (bidirectional decoding
-        samples candidates at 1 from a policy whose recipe samples its mode, at 0).
+        samples candidates at 1 from a policy whose recipe samples its mode, at 0). ``generator``
+        draws the noise when none is given.
 
         Fixed shapes and no host syncs: compilable without graph breaks (the loop unrolls).
         """
         c = self.cfg
-        n = num_steps or c.num_denoise_steps
+        n = num_steps or c.head_options.num_denoise_steps
         b = batch["state"].shape[0]
         device = batch["state"].device
-        x = torch.randn(b, c.action_horizon, c.action_dim, device=device) if noise is None else noise.float()
-        x = x * (c.noise_scale if noise_scale is None else noise_scale)  # noise: standard normal
+        shape = (b, c.action_horizon, c.action_dim)
+        x = torch.randn(shape, device=device, generator=generator) if noise is None else noise.float()
+        x = x * (c.head_options.noise_scale if noise_scale is None else noise_scale)  # noise: standard normal
         cache, positions, mask, state = self.prefill(backbone, batch, cache)
         dt = -1.0 / n
         for i in range(n):
@@ -321,10 +326,10 @@ class FlowHead(HeadBase):
         self, backbone: Backbone, batch: Batch, noise: Tensor, num_steps: int | None = None
     ) -> Tensor:
         """Reference sampler that recomputes the whole sequence every step (for tests). -> [B, H, A]."""
-        n = num_steps or self.cfg.num_denoise_steps
+        n = num_steps or self.cfg.head_options.num_denoise_steps
         prefix, prefix_pad = backbone.embed_prefix(batch)
         state = self.uncached_state(backbone, prefix, prefix_pad, batch["state"])
-        x, dt = noise.float() * self.cfg.noise_scale, -1.0 / n
+        x, dt = noise.float() * self.cfg.head_options.noise_scale, -1.0 / n
         for i in range(n):
             t = torch.full((x.shape[0],), 1.0 + i * dt, device=x.device)
             x = x + dt * self.velocity_full(backbone, prefix, prefix_pad, state, x, t)

@@ -57,7 +57,7 @@ class TokenHead(HeadBase):
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
-        self.cfg, tc, w = cfg, cfg.tokens, cfg.vlm.width
+        self.cfg, tc, w = cfg, cfg.head_options, cfg.vlm.width
         if tc.sequence == "pi0_fast":
             pass  # the state is written into the prompt text (infer/preprocess.py)
         elif tc.state_input == "continuous":
@@ -87,7 +87,7 @@ class TokenHead(HeadBase):
     def tokenizer(self) -> ActionTokenizer:
         """The attached action tokenizer; bins are built on first use (over all action dims)."""
         if self._tokenizer is None:
-            if self.cfg.tokens.tokenizer != "bins":
+            if self.cfg.head_options.tokenizer != "bins":
                 raise ValueError(
                     "the FAST action tokenizer is not fitted: call model.head.fit_tokenizer(chunks) "
                     "(or fit_tokenizer_from_batches(loader)) before training, or load a checkpoint "
@@ -99,15 +99,15 @@ class TokenHead(HeadBase):
     def _new_tokenizer(self, action_dim: int) -> ActionTokenizer:
         text = load_tokenizer(self.cfg.tokenizer)
         specials = [i for i in (text.pad_id, text.bos_id, text.eos_id) if i >= 0]
-        self.end_id = text.eos_id if self.cfg.tokens.tokenizer == "fast" else None
-        if self.cfg.tokens.tokenizer == "fast" and text.eos_id < 0:
+        self.end_id = text.eos_id if self.cfg.head_options.tokenizer == "fast" else None
+        if self.cfg.head_options.tokenizer == "fast" and text.eos_id < 0:
             raise ValueError(f"model.tokenizer={self.cfg.tokenizer!r} has no EOS id to end FAST sequences")
         c = self.cfg
-        return make_action_tokenizer(c.tokens, c.vlm.vocab_size, c.action_horizon, action_dim, specials)
+        return make_action_tokenizer(c.head_options, c.vlm.vocab_size, c.action_horizon, action_dim, specials)
 
     def attach_tokenizer(self, tok: ActionTokenizer) -> None:
         """Use ``tok`` (fitted); registers its id tables as non-persistent buffers on this device."""
-        c, tc = self.cfg, self.cfg.tokens
+        c, tc = self.cfg, self.cfg.head_options
         pl = tok.placement
         if (
             (tok.family or tok.kind) != tc.tokenizer
@@ -181,11 +181,11 @@ class TokenHead(HeadBase):
         tok = self._new_tokenizer(n_real).fit(x)
         if tok.fixed_length is None:
             lengths = np.array([len(t) for t in tok.encode_batch(x)])
-            if lengths.max() > self.cfg.tokens.max_action_tokens:
+            if lengths.max() > self.cfg.head_options.max_action_tokens:
                 raise ValueError(
                     f"FAST chunks need up to {lengths.max()} tokens (p99 {np.percentile(lengths, 99):.0f}) "
-                    f"but model.tokens.max_action_tokens={self.cfg.tokens.max_action_tokens}; raise it "
-                    "or lower model.tokens.fast_scale"
+                    f"but model.head_options.max_action_tokens={self.cfg.head_options.max_action_tokens}; raise it "
+                    "or lower model.head_options.fast_scale"
                 )
         self.attach_tokenizer(tok)
         return tok
@@ -226,7 +226,7 @@ class TokenHead(HeadBase):
         self.attach_tokenizer(other.tokenizer)
 
     def check_exportable(self) -> None:
-        if self.cfg.tokens.tokenizer == "fast":
+        if self.cfg.head_options.tokenizer == "fast":
             raise ValueError(
                 "a FAST token head cannot be exported: its tokens are decoded by BPE + inverse DCT in "
                 "Python. Export the flow head or a bins token head (autoregressive or parallel)."
@@ -234,7 +234,7 @@ class TokenHead(HeadBase):
 
     def save_extra(self, path: Path) -> None:
         """Called by ``VLA.save_pretrained``: writes ``action_tokenizer/`` (if one is attached/buildable)."""
-        if self._tokenizer is None and self.cfg.tokens.tokenizer != "bins":
+        if self._tokenizer is None and self.cfg.head_options.tokenizer != "bins":
             return  # an unfitted FAST head has nothing to save
         d = self.tokenizer.save(Path(path) / TOKENIZER_DIR)
         ids = {"end_id": self.end_id, "prefix_ids": self.prefix_ids, "bos_id": self.bos_id,
@@ -256,10 +256,12 @@ class TokenHead(HeadBase):
     @property
     def num_steps(self) -> int:
         """Decode length: H*A_real for bins, max_action_tokens + 1 (end) for FAST (+ the pi0-FAST
-        prefix), capped at ``model.tokens.max_decode_steps`` when that is set."""
+        prefix), capped at ``model.head_options.max_decode_steps`` when that is set."""
         fixed = self.tokenizer.fixed_length
-        need = fixed if fixed is not None else len(self.prefix_ids) + self.cfg.tokens.max_action_tokens + 1
-        cap = self.cfg.tokens.max_decode_steps
+        need = (
+            fixed if fixed is not None else len(self.prefix_ids) + self.cfg.head_options.max_action_tokens + 1
+        )
+        cap = self.cfg.head_options.max_decode_steps
         return min(need, cap) if cap else need
 
     def _pi0_fast_prompt(self, backbone: Backbone, batch: Batch) -> tuple[Tensor, Tensor]:
@@ -292,14 +294,14 @@ class TokenHead(HeadBase):
 
     def embed_prompt(self, backbone: Backbone, batch: Batch) -> tuple[Tensor, Tensor]:
         """-> prompt [B, P', W] (images, text, state tokens) and its pad mask bool [B, P']."""
-        if self.cfg.tokens.sequence == "pi0_fast":
+        if self.cfg.head_options.sequence == "pi0_fast":
             return self._pi0_fast_prompt(backbone, batch)
         prefix, pad = backbone.embed_prefix(batch)
         state = batch["state"]
-        if self.cfg.tokens.state_input == "continuous":
+        if self.cfg.head_options.state_input == "continuous":
             st = self.state_proj(state.to(self.state_proj.weight.dtype))[:, None]
         else:
-            nb = self.cfg.tokens.state_bins
+            nb = self.cfg.head_options.state_bins
             bins = ((state.float().clamp(-1, 1) + 1) * (nb / 2)).floor().long().clamp(0, nb - 1)
             st = self.state_embed(bins) * math.sqrt(self.cfg.vlm.width)
         prompt = torch.cat([prefix, st.to(prefix.dtype)], dim=1)
@@ -378,7 +380,7 @@ class TokenHead(HeadBase):
         bins (std in bins) instead of one bin, so a near miss costs less than a far one; 256-way
         one-hot targets treat bin 127 and bin 0 as equally wrong for a true bin 128.
         ``tokens.label_smoothing``: the usual uniform smoothing (over the whole vocabulary)."""
-        tc = self.cfg.tokens
+        tc = self.cfg.head_options
         logits = logits.float()
         if tc.bin_sigma > 0 and self.tokenizer.fixed_length is not None:
             logp = logits.log_softmax(-1)[..., self.internal_to_lm]  # [B, L, bins]
@@ -397,7 +399,7 @@ class TokenHead(HeadBase):
         """Cross-entropy on the action tokens only (+ L1 when regression_head). -> {"loss", ...}."""
         ids, weight, acts = self.targets(batch)
         b, length = ids.shape
-        if self.cfg.tokens.decoding == "parallel":
+        if self.cfg.head_options.decoding == "parallel":
             queries = self.action_queries.weight[:length][None].expand(b, -1, -1)
             h, aux = self.train_run(backbone, batch, queries, causal=False)
             h = h[:, 1:]
@@ -413,7 +415,7 @@ class TokenHead(HeadBase):
         if self.regression is not None:
             pred = self.regression(h).squeeze(-1).float()
             out["l1"] = ((pred - acts.reshape(b, -1)).abs() * weight).sum() / denom
-            out["loss"] = out["loss"] + self.cfg.tokens.l1_weight * out["l1"]
+            out["loss"] = out["loss"] + self.cfg.head_options.l1_weight * out["l1"]
         return self.extra_losses(out, aux, batch)
 
     # ------------------------------------------------------------------ decoding
@@ -421,7 +423,7 @@ class TokenHead(HeadBase):
     @property
     def length_constrained(self) -> bool:
         """FAST decoding keeps every sequence a full chunk (``constrained`` and ``exact_length``)."""
-        tc = self.cfg.tokens
+        tc = self.cfg.head_options
         return tc.constrained and tc.exact_length and getattr(self, "chunk_symbols", 0) > 0
 
     def pick(
@@ -435,11 +437,11 @@ class TokenHead(HeadBase):
         """Logits [B, V] -> next ids [B]. Greedy at temperature 0; otherwise a sample at
         ``temperature`` from the top-p nucleus, by Gumbel-max over uniform noise ``u`` [B, V] (the
         caller draws it from its generator, outside any compiled graph; None: the global RNG).
-        ``model.tokens.constrained``: only action ids, the end id and the pi0-FAST prefix; with
+        ``model.head_options.constrained``: only action ids, the end id and the pi0-FAST prefix; with
         ``exact_length`` and ``written`` [B] (symbols written so far), also only ids that keep the
         count <= H*A, and the end id exactly when it is H*A. Every symbol is a one-symbol piece of
         the BPE alphabet, so any remaining count stays reachable."""
-        if self.cfg.tokens.constrained:
+        if self.cfg.head_options.constrained:
             allowed = self.allowed_ids[None]
             if written is not None and self.length_constrained:
                 room = self.chunk_symbols - written[:, None]  # [B, 1]
@@ -518,7 +520,7 @@ class TokenHead(HeadBase):
         ``temperature`` / ``top_p``: None -> model.tokens'; sampling noise comes from ``generator``
         (seeded: same seed, same tokens) or the global RNG. -> ids int64 [B, num_steps], lengths [B]
         (tokens before the first end token)."""
-        tc = self.cfg.tokens
+        tc = self.cfg.head_options
         temp = tc.temperature if temperature is None else float(temperature)
         top_p = tc.top_p if top_p is None else float(top_p)
         if temp < 0 or not 0 < top_p <= 1:
@@ -582,9 +584,9 @@ class TokenHead(HeadBase):
         generator: torch.Generator | None = None,
     ) -> ActionOutput:
         """-> ActionOutput(normalized actions fp32 [B, H, A], valid bool [B]); an invalid row is
-        zeros (Policy applies ``model.tokens.invalid_decode``). ``noise`` is a flow head's input and
+        zeros (Policy applies ``model.head_options.invalid_decode``). ``noise`` is a flow head's input and
         is ignored; decoding options as in ``generate``."""
-        if self.cfg.tokens.decoding == "parallel":
+        if self.cfg.head_options.decoding == "parallel":
             return ActionOutput(*self.sample_parallel(backbone, batch))
         return ActionOutput(
             *self.decode_actions(*self.generate(backbone, batch, temperature, top_p, generator))
@@ -595,7 +597,7 @@ class TokenHead(HeadBase):
         pass. The Python loop, prefill and FAST's BPE decode stay eager."""
         kwargs = {"fullgraph": True, "dynamic": False, **kwargs}
         _ = self.tokenizer  # build/attach (bins) before tracing
-        if self.cfg.tokens.decoding == "parallel":
+        if self.cfg.head_options.decoding == "parallel":
             self.sample_parallel = torch.compile(self.sample_parallel, **kwargs)
         else:
             self.decode_step = torch.compile(self.decode_step, **kwargs)

@@ -1,0 +1,107 @@
+"""What ``Policy`` asks a head for at inference: ``HeadServing``. A head's ``serving_cls`` says which
+class serves it; this base samples plainly and refuses every optional capability (real-time
+chunking, the fast path, decoding options) with a clear error, so ``Policy`` never needs to know
+which head it holds. The flow head's: ``flow/serving.py``; the token heads': ``tokens/serving.py``.
+
+A server is given options by keyword (``Policy(..., fast=True, guidance_max=5)``); each head's
+serving class declares its own in ``OPTIONS`` (name -> default). An option another head declares
+is accepted at its default (so one command line serves every head) and refused otherwise.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from vlastack.nn.compile import allow_recompiles
+
+
+class HeadServing:
+    """Plain sampling through ``model.sample``; every optional capability refuses.
+
+    ``policy`` is the ``Policy`` being built (duck-typed: its ``model``, ``cfg``, ``device``,
+    ``lock``, ``autocast()``, ``generator``, ``normalizer``, ``action_dim``, ``warn_once``), read
+    when serving, never imported (models/ sits below infer/)."""
+
+    OPTIONS: ClassVar[dict[str, Any]] = {}  # this head's serving options and their defaults
+    # Serving options of every head (filled by models/heads/__init__.py from the registry).
+    ALL_OPTIONS: ClassVar[dict[str, Any]] = {}
+
+    def __init__(self, policy: Any, compile: bool = False, **options: Any) -> None:
+        self.policy = policy
+        for key, value in options.items():
+            if key in self.OPTIONS:
+                continue
+            if key not in self.ALL_OPTIONS:
+                known = sorted(self.ALL_OPTIONS)
+                raise ValueError(f"unknown policy option {key!r}; options: {known}")
+            if value != self.ALL_OPTIONS[key]:
+                raise ValueError(
+                    f"{key}={value!r}: head {policy.cfg.head!r} does not take {key!r} "
+                    f"(its options: {sorted(self.OPTIONS) or 'none'})"
+                )
+        for key, default in self.OPTIONS.items():
+            setattr(self, key, options.get(key, default))
+        self.check_options()
+        if compile:
+            self.compile()
+
+    # ------------------------------------------------------------------ what every head does
+
+    def check_options(self) -> None:
+        """Raise ValueError for a bad value of one of ``OPTIONS`` (set as attributes)."""
+
+    def compile(self) -> None:
+        """``Policy(compile=True)``: the head's ``compile_decoding`` (one that has none warns,
+        never a silent no-op). One compiled variant per batch size: nn/compile.py."""
+        allow_recompiles()
+        self.policy.model.head.compile_decoding()
+
+    def sample(self, batch: dict[str, Tensor], noise: Tensor) -> tuple[Tensor, Tensor | None]:
+        """A model batch and noise [B, H, A] -> (normalized actions [B, H, A], valid bool [B] or
+        None). Caller holds the policy's lock."""
+        p = self.policy
+        with torch.inference_mode(), p.autocast():  # a sampler that draws uses the policy's seed
+            out = p.model.sample(batch, noise=noise, generator=p.generator)
+        return out.actions, out.valid
+
+    def after_sample(self, actions: np.ndarray, valid: np.ndarray | None) -> np.ndarray | None:
+        """Env-unit actions [B, H, A_env] (may be changed in place) and their validity -> which
+        rows were replaced (bool [B]) or None. Under the lock."""
+        return None
+
+    def reset(self) -> None:
+        """A new episode starts (``Policy.reset``)."""
+
+    @property
+    def batchable(self) -> bool:
+        """Queries of different episodes may share one batch (nothing is carried between calls)."""
+        return True
+
+    @property
+    def decode_stats(self) -> dict[str, int] | None:
+        """Counters of chunks that did not decode (token heads); None: the head has none."""
+        return None
+
+    def metadata(self) -> dict[str, Any]:
+        """The head's part of ``Policy.metadata``."""
+        return {"rtc_methods": list(self.rtc_methods), "rtc_guidance": None}
+
+    # ------------------------------------------------------------------ optional capabilities
+
+    rtc_methods: tuple[str, ...] = ()  # real-time chunking requests it answers (infer/realtime.py)
+
+    def answer_prefix(
+        self, obs_list: list[Any], batch: dict[str, Tensor], noise: Tensor | None = None
+    ) -> np.ndarray:
+        """Observations with an ``action_prefix`` -> env-unit actions [B, H, A_env] continuing it."""
+        raise ValueError(
+            f"real-time chunking needs a head that denoises (a flow head); this policy's head is "
+            f"{self.policy.cfg.head!r}"
+        )
+
+    def set_execution(self, execution: Any) -> None:
+        """Take real-time execution settings (``ExecutionConfig``) where the head uses them."""

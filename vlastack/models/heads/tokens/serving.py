@@ -1,0 +1,89 @@
+"""How a token head serves: ``TokenServing`` (``models/heads/serving.py``'s interface).
+
+- decoding options at serving time (``Policy(decoding={...})``, ``vla serve --decode KEY=VALUE``):
+  ``DECODING_KEYS`` of ``model.head_options``, checked like any config key;
+- sampling from the policy's seeded generator (temperature > 0);
+- chunks whose tokens do not decode (``valid`` False): counted in ``decode_stats``, and with
+  ``model.head_options.invalid_decode=repeat_last`` replaced by the last valid chunk.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import numpy as np
+import torch
+
+from vlastack.models.heads.serving import HeadServing
+
+DECODING_KEYS = ("temperature", "top_p", "max_decode_steps", "invalid_decode", "constrained", "exact_length")
+
+
+def parse_decoding(items: list[str]) -> dict[str, str]:
+    """``--decode KEY=VALUE`` arguments (`vla serve`, `vla eval`) -> {key: value}; keys are
+    checked here, values when they are applied (``set_decoding``)."""
+    pairs = [kv.split("=", 1) for kv in items]
+    bad = [kv for kv, p in zip(items, pairs, strict=True) if len(p) != 2 or p[0] not in DECODING_KEYS]
+    if bad:
+        raise ValueError(f"--decode takes KEY=VALUE with KEY one of {list(DECODING_KEYS)}, got {bad}")
+    return dict(pairs)
+
+
+def set_decoding(model: torch.nn.Module, options: dict[str, Any]) -> None:
+    """Change a token head's decoding options (``model.head_options.<key>``, one of
+    ``DECODING_KEYS``; values may be strings, as from ``vla serve --decode top_p=0.9``), checked
+    like any config key."""
+    from vlastack.config import Config, EvalConfig, apply_overrides
+
+    cfg = model.cfg
+    if not cfg.head_spec.action_tokens:
+        raise ValueError(
+            f"decoding options apply to action-token heads (model.head=tokens), not {cfg.head!r}"
+        )
+    bad = sorted(set(options) - set(DECODING_KEYS))
+    if bad:
+        raise ValueError(f"unknown decoding option(s) {bad}; known: {list(DECODING_KEYS)}")
+    top = Config(model=cfg, eval=EvalConfig(steps_per_chunk=min(8, cfg.action_horizon)))
+    new = apply_overrides(top, [f"model.head_options.{k}={v}" for k, v in options.items()]).model
+    model.cfg = model.head.cfg = new
+
+
+class TokenServing(HeadServing):
+    OPTIONS: ClassVar[dict[str, Any]] = {"decoding": None}  # {key: value} of DECODING_KEYS
+
+    def __init__(self, policy: Any, compile: bool = False, **options: Any) -> None:
+        if options.get("decoding"):  # before compiling: the options shape the decode step
+            set_decoding(policy.model, options["decoding"])
+            policy.cfg = policy.model.cfg
+        super().__init__(policy, compile=compile, **options)
+        self.invalid_decode = policy.cfg.head_options.invalid_decode
+        self.stats = {"chunks": 0, "invalid": 0, "repeated": 0}
+        self._last_valid: np.ndarray | None = None  # the latest valid chunk [H, A_env] (repeat_last)
+
+    def after_sample(self, actions: np.ndarray, valid: np.ndarray | None) -> np.ndarray | None:
+        """Count invalid chunks; with ``repeat_last`` overwrite each with the latest valid chunk
+        (in place; none yet: it stays zero). -> repeated bool [B]. Under the lock."""
+        if valid is None:
+            return None
+        repeated = np.zeros(len(valid), dtype=bool)
+        for i, ok in enumerate(valid):
+            if ok:
+                self._last_valid = actions[i].copy()
+            elif self.invalid_decode == "repeat_last" and self._last_valid is not None:
+                actions[i], repeated[i] = self._last_valid, True
+        s = self.stats
+        s["chunks"] += len(valid)
+        s["invalid"] += int((~valid).sum())
+        s["repeated"] += int(repeated.sum())
+        return repeated
+
+    def reset(self) -> None:
+        self._last_valid = None
+
+    @property
+    def batchable(self) -> bool:
+        return False  # the last valid chunk (repeat_last) belongs to one episode
+
+    @property
+    def decode_stats(self) -> dict[str, int]:
+        return self.stats
