@@ -81,7 +81,7 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
 def test_import_graph_sees_lazy_and_type_checking_imports():
     g = import_graph()
     assert "vlastack.models.backbone" in g["vlastack.models.heads.flow.head"]
-    assert "vlastack.train.trainer" in g["vlastack.train.cli"]  # an in-function import
+    assert "vlastack.train.trainer" in g["vlastack.commands.train"]  # an in-function import
     assert "vlastack.models.heads.flow.serving" in g["vlastack.models.heads"]  # a registry string
     assert "vlastack.models.heads.oft" in g["vlastack.models.heads"]  # only ever named by its spec
     assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
@@ -147,13 +147,12 @@ def test_no_file_over_800_lines():
 def test_training_layer_does_not_import_the_simulator_or_the_diagnostics():
     """The trainer gets its in-training evaluation and its anomaly handler as callbacks from above
     (``vla train``) and logs peak memory with ``train.logs.peak_memory_mb``: neither ``sim`` nor
-    ``diagnostics`` (which imports the trainer's layer) is imported by ``train``'s modules, the
-    command-line entry point excepted."""
+    ``diagnostics`` (which imports the trainer's layer) is imported by ``train``'s modules."""
     g = import_graph()
     up = sorted(
         (m, n)
         for m, deps in g.items()
-        if m.startswith("vlastack.train.") and m != "vlastack.train.cli"
+        if m.startswith("vlastack.train.")
         for n in deps
         if n.startswith(("vlastack.sim", "vlastack.diagnostics"))
     )
@@ -185,3 +184,38 @@ def test_heads_are_asked_never_named_outside_their_folders():
     from vlastack.config.io import LEGACY_HEAD_KEYS  # where heads' options used to live
 
     assert not set(LEGACY_HEAD_KEYS) & {f.name for f in fields(ModelConfig)}
+
+
+# vlastack's packages from the bottom up; a package imports only packages of a lower layer (a
+# module of its own package aside). ``commands`` holds every ``vla`` subcommand, ``cli`` wires them.
+LAYERS = (
+    {"fileio", "errors", "folderlock", "progress"},
+    {"config"},
+    {"batch"},
+    {"nn"},
+    {"models"},
+    {"data"},
+    {"train", "infer"},
+    {"sim", "diagnostics"},
+    {"labs"},
+    {"apps"},
+    {"commands"},
+    {"cli"},
+)
+
+
+def test_no_package_imports_a_layer_above_it():
+    """Issue #65: no upward import anywhere (the command-line modules, which import every layer,
+    are the top layer, ``vlastack/commands/``, instead of one ``cli.py`` per package)."""
+    rank = {name: i for i, layer in enumerate(LAYERS) for name in layer}
+    g = import_graph()
+    top = {m.split(".")[1] for m in g if m.count(".")} - {"__init__"}
+    assert top <= set(rank), f"packages missing from LAYERS: {sorted(top - set(rank))}"
+    up = sorted(
+        (m, d)
+        for m, deps in g.items()
+        if m.count(".")
+        for d in deps
+        if d.count(".") and (a := m.split(".")[1]) != (b := d.split(".")[1]) and rank[b] >= rank[a]
+    )
+    assert not up, up

@@ -159,7 +159,7 @@ def check_structural(argv: list[str], rule: Rule) -> None:
 
 def test_every_readme_command_is_covered(monkeypatch):
     """Each bash command has a rule, its flags parse with the real CLI and its config builds."""
-    from vlastack.cli_common import config_from_args
+    from vlastack.commands.common import config_from_args
 
     monkeypatch.chdir(ROOT)  # --config paths in the README are relative to the repository root
 

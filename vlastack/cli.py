@@ -1,7 +1,7 @@
 """``vla``: the one command-line entry point.
 
-Each layer owns its subcommands in its own ``cli.py`` with ``register(sub, groups)``; this file only
-wires them together. ``groups["data"]`` is the ``vla data ...`` sub-parser, shared by the data and
+Each area's subcommands live in the commands layer (``vlastack/commands/<area>.py``, each with
+``register(sub, groups)``); this file only wires them together. ``groups["data"]`` is the ``vla data ...`` sub-parser, shared by the data and
 simulation layers.
 """
 
@@ -14,15 +14,15 @@ import sys
 
 # Modules that add subcommands. Imported lazily so `vla --help` stays fast.
 MODULES = (
-    "vlastack.models.cli",
-    "vlastack.data.cli",
-    "vlastack.sim.cli",
-    "vlastack.train.cli",
-    "vlastack.infer.cli",
-    "vlastack.infer.import_cli",
-    "vlastack.diagnostics.cli",
-    "vlastack.labs.cli",
-    "vlastack.apps.cli",
+    "vlastack.commands.models",
+    "vlastack.commands.data",
+    "vlastack.commands.sim",
+    "vlastack.commands.train",
+    "vlastack.commands.infer",
+    "vlastack.commands.imports",
+    "vlastack.commands.diagnostics",
+    "vlastack.commands.labs",
+    "vlastack.commands.apps",
 )
 
 

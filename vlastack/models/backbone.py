@@ -18,6 +18,23 @@ from vlastack.batch import Batch
 from vlastack.config import ModelConfig
 from vlastack.models.gemma import JointDecoder
 from vlastack.models.siglip import SiglipEncoder, preprocess_images
+from vlastack.nn.attention import block_causal_mask
+
+
+def prefix_layout(prefix_pad: Tensor, starts: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
+    """Mask and positions of the prefix followed by T extra tokens (never padding), the one recipe
+    every head uses to put its own tokens through the decoder after [images | text].
+
+    ``prefix_pad`` bool [B, P]: the prefix is one bidirectional block; ``starts`` bool [T] (None:
+    T = 0): True where an extra token opens a new block (a block sees itself and every block
+    before it). -> (pad bool [B, P+T], block-causal mask bool [B, 1, P+T, P+T], positions long
+    [B, P+T], counting real tokens only so a padded prompt's extra tokens sit right after its text).
+    """
+    b, p = prefix_pad.shape
+    starts = prefix_pad.new_zeros(0) if starts is None else starts
+    pad = torch.cat([prefix_pad, prefix_pad.new_ones(b, starts.shape[0])], dim=1)
+    mask = block_causal_mask(pad, torch.cat([prefix_pad.new_zeros(p), starts.to(torch.bool)]))
+    return pad, mask, pad.long().cumsum(-1) - 1
 
 
 class Backbone(nn.Module):

@@ -25,7 +25,7 @@ from torch import Tensor, nn
 
 from vlastack.batch import Batch
 from vlastack.config import ModelConfig
-from vlastack.models.backbone import Backbone
+from vlastack.models.backbone import Backbone, prefix_layout
 from vlastack.models.heads.base import ActionOutput, HeadBase
 from vlastack.nn.attention import block_causal_mask
 from vlastack.nn.kv_cache import StaticKVCache
@@ -154,12 +154,8 @@ class FlowHead(HeadBase):
     ) -> Tensor:
         """Uncached: prefix + suffix through the joint decoder; ``state`` is the conditioned state
         [B, S(+extra)]. -> v fp32 [B, H, A]."""
-        b, p = prefix_pad.shape
         suffix, cond = self.embed_suffix(state, x_t, t)
-        pad = torch.cat([prefix_pad, prefix_pad.new_ones(b, self.suffix_len)], dim=1)
-        starts = torch.cat([prefix_pad.new_zeros(p), self.suffix_block_starts(prefix.device)])
-        mask = block_causal_mask(pad, starts)
-        positions = pad.long().cumsum(-1) - 1
+        _, mask, positions = prefix_layout(prefix_pad, self.suffix_block_starts(prefix.device))
         out = backbone.decoder([prefix, suffix], positions, mask, vlm_output=False, cond=[None, cond]).expert
         return self.action_out_proj(out[:, self.n_state :]).float()
 
@@ -242,8 +238,7 @@ class FlowHead(HeadBase):
                 f"cache holds batch {cache.k[0].shape[0]} x {cache.max_len} slots; this call needs "
                 f"batch {b} x {p + self.suffix_len} (make it with FlowHead.new_cache)"
             )
-        positions = prefix_pad.long().cumsum(-1) - 1
-        mask = block_causal_mask(prefix_pad, prefix_pad.new_zeros(p))
+        _, mask, positions = prefix_layout(prefix_pad)
         out = backbone.decoder(
             [prefix, None], positions, mask, cache=cache, cache_pos=0, attend_cache=False, **self.prefill_kw()
         )

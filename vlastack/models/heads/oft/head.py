@@ -18,9 +18,8 @@ from torch import Tensor, nn
 
 from vlastack.batch import Batch
 from vlastack.config import ModelConfig
-from vlastack.models.backbone import Backbone
+from vlastack.models.backbone import Backbone, prefix_layout
 from vlastack.models.heads.base import ActionOutput, HeadBase
-from vlastack.nn.attention import block_causal_mask
 
 
 class OFTHead(HeadBase):
@@ -43,13 +42,11 @@ class OFTHead(HeadBase):
         inputs = torch.cat(
             [self.state_proj(batch["state"])[:, None], self.queries.weight.expand(b, -1, -1)], 1
         )
-        pad_all = torch.cat([pad, pad.new_ones(b, 1 + h)], dim=1)
-        starts = torch.zeros(p + 1 + h, dtype=torch.bool, device=pad.device)
-        starts[p] = True  # the state token and the queries: one block that sees the whole prefix
+        starts = torch.zeros(1 + h, dtype=torch.bool, device=pad.device)
+        starts[0] = True  # the state token and the queries: one block that sees the whole prefix
         x = torch.cat([prefix, inputs.to(prefix.dtype)], dim=1)
-        out = backbone.decoder(
-            [x, None], pad_all.long().cumsum(-1) - 1, block_causal_mask(pad_all, starts)
-        ).vlm
+        _, mask, positions = prefix_layout(pad, starts)
+        out = backbone.decoder([x, None], positions, mask).vlm
         actions = self.mlp(out[:, p + 1 :]).float()
         assert actions.shape == (b, h, self.cfg.action_dim), actions.shape
         return actions

@@ -27,7 +27,7 @@ from torch import Tensor, nn
 
 from vlastack.batch import Batch
 from vlastack.config import ModelConfig
-from vlastack.models.backbone import Backbone
+from vlastack.models.backbone import Backbone, prefix_layout
 from vlastack.models.heads.grounding import GroundingHead, attention_loss
 from vlastack.models.heads.tokens.head import TokenHead
 from vlastack.nn.attention import block_causal_mask
@@ -59,10 +59,11 @@ class GroundedTokenHead(TokenHead):
         b, p = pad.shape
         cache = backbone.decoder.new_cache(b, p + suffix_len, prefix.dtype, prefix.device)
         layer = self.cfg.grounding_layer
+        _, mask, positions = prefix_layout(pad)
         out = backbone.decoder(
             [prefix, None],
-            pad.long().cumsum(-1) - 1,
-            block_causal_mask(pad, pad.new_zeros(p)),
+            positions,
+            mask,
             cache=cache,
             cache_pos=0,
             attend_cache=False,

@@ -33,10 +33,9 @@ from torch import Tensor, nn
 from vlastack.batch import Batch
 from vlastack.config import ModelConfig
 from vlastack.models.action_tokens import ActionTokenizer, load_action_tokenizer, make_action_tokenizer
-from vlastack.models.backbone import Backbone
+from vlastack.models.backbone import Backbone, prefix_layout
 from vlastack.models.heads.base import ActionHead, ActionOutput, HeadBase
 from vlastack.models.tokenizer import load_tokenizer
-from vlastack.nn.attention import block_causal_mask
 from vlastack.nn.kv_cache import StaticKVCache
 
 TOKENIZER_DIR = "action_tokenizer"
@@ -346,17 +345,15 @@ class TokenHead(HeadBase):
         """Prompt + action-position inputs [B, T, W] through the LM -> hidden [B, T + 1, W] from
         the last prompt position on."""
         prompt, pad = self.embed_prompt(backbone, batch)
-        b, p = pad.shape
+        p = pad.shape[1]
         t = actions_in.shape[1]
-        pad_all = torch.cat([pad, pad.new_ones(b, t)], dim=1)
         # Causal: every action position starts its own block; parallel: one block for all of them.
-        starts = torch.zeros(p + t, dtype=torch.bool, device=pad.device)
+        starts = torch.zeros(t, dtype=torch.bool, device=pad.device)
         if causal:
-            starts[p:] = True
+            starts[:] = True
         else:
-            starts[p] = True
-        mask = block_causal_mask(pad_all, starts)
-        positions = pad_all.long().cumsum(-1) - 1
+            starts[0] = True
+        _, mask, positions = prefix_layout(pad, starts)
         h = backbone.decoder(
             [torch.cat([prompt, actions_in.to(prompt.dtype)], dim=1), None], positions, mask
         ).vlm
@@ -466,8 +463,7 @@ class TokenHead(HeadBase):
         prompt, pad = self.embed_prompt(backbone, batch)
         b, p = pad.shape
         cache = backbone.decoder.new_cache(b, p + self.num_steps, prompt.dtype, prompt.device)
-        mask = block_causal_mask(pad, pad.new_zeros(p))
-        positions = pad.long().cumsum(-1) - 1
+        _, mask, positions = prefix_layout(pad)
         out = backbone.decoder([prompt, None], positions, mask, cache=cache, cache_pos=0, attend_cache=False)
         h = out.vlm
         return cache, self.logits(backbone, h[:, -1]), pad, pad.long().sum(-1)

@@ -7,7 +7,7 @@ import json
 
 
 def register(sub, groups) -> None:
-    from vlastack.cli_common import add_config_args
+    from vlastack.commands.common import add_config_args
 
     d = sub.add_parser(
         "doctor",
@@ -78,7 +78,7 @@ def register(sub, groups) -> None:
 
 
 def _doctor(args: argparse.Namespace) -> int:
-    from vlastack.cli_common import config_from_args
+    from vlastack.commands.common import config_from_args
     from vlastack.diagnostics.doctor import DoctorOptions, run_doctor
 
     cfg = config_from_args(args)
@@ -99,7 +99,7 @@ def _doctor(args: argparse.Namespace) -> int:
 
 
 def _plan(args: argparse.Namespace) -> int:
-    from vlastack.cli_common import config_from_args
+    from vlastack.commands.common import config_from_args
     from vlastack.diagnostics.memory import parse_bytes
     from vlastack.diagnostics.plan import format_plan, plan
 

@@ -6,7 +6,7 @@ import argparse
 
 
 def register(sub, groups) -> None:
-    from vlastack.cli_common import add_config_args
+    from vlastack.commands.common import add_config_args
 
     t = sub.add_parser(
         "train",
@@ -34,7 +34,7 @@ def sim_evaluator(policy_dir, cfg, out_dir) -> dict:
 
 
 def _train(args: argparse.Namespace) -> int:
-    from vlastack.cli_common import config_from_args
+    from vlastack.commands.common import config_from_args
     from vlastack.diagnostics.numerics import anomaly_stop
     from vlastack.train.trainer import Trainer
 

@@ -74,7 +74,7 @@ def _export(args: argparse.Namespace) -> int:
 
 
 def register(sub, groups) -> None:
-    from vlastack.cli_common import float_at_least
+    from vlastack.commands.common import float_at_least
     from vlastack.config import GUIDANCE_MODES
 
     p = sub.add_parser("serve", help="serve a policy (openpi websocket protocol + HTTP /act, /metrics)")

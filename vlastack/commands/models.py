@@ -7,7 +7,7 @@ import time
 
 import torch
 
-from vlastack.cli_common import add_config_args, config_from_args
+from vlastack.commands.common import add_config_args, config_from_args
 
 
 def _parts(model) -> dict[str, int]:

@@ -1,7 +1,7 @@
 """Arguments shared by the config-taking subcommands (``vla train``, ``vla info``, ``vla eval`` ...).
 
-Kept apart from ``vlastack/cli.py`` so that the layers' ``*/cli.py`` modules, which ``cli.py``
-imports, do not import ``cli.py`` back.
+Kept apart from ``vlastack/cli.py`` so that the command modules, which ``cli.py`` imports, do not
+import ``cli.py`` back.
 """
 
 from __future__ import annotations

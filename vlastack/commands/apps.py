@@ -6,7 +6,7 @@ import argparse
 
 
 def register(sub, groups) -> None:
-    from vlastack.cli_common import add_config_args
+    from vlastack.commands.common import add_config_args
 
     d = sub.add_parser(
         "demo",

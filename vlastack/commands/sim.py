@@ -6,7 +6,7 @@ import argparse
 
 
 def register(sub, groups) -> None:
-    from vlastack.cli_common import add_config_args, float_at_least, int_at_least
+    from vlastack.commands.common import add_config_args, float_at_least, int_at_least
 
     g = groups["data"].add_parser("generate", help="scripted-expert demos -> LeRobot v3 dataset")
     g.add_argument("--suite", default="builtin", help="builtin | dynamic | fragile | metaworld")
@@ -229,7 +229,7 @@ def _chunk_length(policy: str) -> int | None:
 
 
 def _eval(args: argparse.Namespace) -> int:
-    from vlastack.cli_common import config_from_args
+    from vlastack.commands.common import config_from_args
     from vlastack.config import EvalConfig
     from vlastack.sim.evaluate import evaluate
 

@@ -1,4 +1,4 @@
-"""``vla data info | view | convert`` (``vla data generate`` lives in vlastack/sim/cli.py)."""
+"""``vla data info | view | convert`` (``vla data generate`` lives in vlastack/commands/sim.py)."""
 
 from __future__ import annotations
 
