@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 import torch
 
+from vlastack.commands import sim as sim_cli
 from vlastack.data.reader import LeRobotDataset
-from vlastack.sim import cli as sim_cli
 from vlastack.sim.generate import generate
 
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from vlastack.config.errors import _check, _positive
-from vlastack.config.heads import HEAD_NAMES, HEAD_SPECS, HeadSpec
+from vlastack.config.heads import HEAD_SPECS, HeadSpec
 
 # What an action means: "delta" moves the robot relative to where it is, "absolute" names where it
 # should be (sim/env.py). Meta-World and LIBERO take deltas, as LeRobot's environments do.
@@ -168,7 +168,7 @@ class ModelConfig:
 
     def __post_init__(self) -> None:
         _check(self.variant in ("pi0", "pi05"), "variant", f"must be 'pi0' or 'pi05', got {self.variant!r}")
-        _check(self.head in HEAD_NAMES, "head", f"must be one of {list(HEAD_NAMES)}, got {self.head!r}")
+        _check(self.head in HEAD_SPECS, "head", f"must be one of {list(HEAD_SPECS)}, got {self.head!r}")
         spec = self.head_spec
         other = tuple(
             sp.options_cls for sp in HEAD_SPECS.values() if sp.options_cls not in (None, spec.options_cls)
