@@ -354,7 +354,7 @@ def run_export(kind: str, fixtures: Path, seed: int) -> None:
 
     sys.path.insert(0, str(ROOT))
     from vlastack.infer.export_lerobot import export_lerobot
-    from vlastack.infer.external import import_checkpoint
+    from vlastack.infer.importer import import_checkpoint
     from vlastack.models.vla import VLA
 
     if kind == "pi0":

@@ -407,7 +407,7 @@ def run_export(out: Path, seed: int) -> None:
     from lerobot.policies.pi0_fast.modeling_pi0_fast import PI0FastPolicy
 
     from vlastack.infer.export_lerobot import export_lerobot
-    from vlastack.infer.external import import_checkpoint
+    from vlastack.infer.importer import import_checkpoint
     from vlastack.models.vla import VLA
 
     src = out / "pi0_fast"

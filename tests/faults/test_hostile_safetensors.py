@@ -77,7 +77,7 @@ def test_lerobot_folder_fails_before_reading_weights(tmp_path, broken):
     from pathlib import Path
     from unittest import mock
 
-    from vlastack.infer.external import load_parts
+    from vlastack.infer.readers import load_parts
 
     src = Path(__file__).resolve().parents[1] / "fixtures" / "lerobot" / "pi05"
     folder = tmp_path / "pi05"

@@ -20,7 +20,7 @@ from vlastack.data.lerobot import LeRobotWriter
 from vlastack.data.samples import VLADataset
 from vlastack.data.stats import ExactNormalizer, Normalizer, load_normalizer
 from vlastack.data.transforms import fit_image, resize_with_pad
-from vlastack.infer.external import import_checkpoint
+from vlastack.infer.importer import import_checkpoint
 from vlastack.infer.policy import Policy
 from vlastack.train.trainer import Trainer
 

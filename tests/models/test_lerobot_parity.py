@@ -17,10 +17,11 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from vlastack.infer.external import find_tokenizer, import_checkpoint, load_parts
+from vlastack.infer.importer import import_checkpoint
 from vlastack.infer.obs import Obs
 from vlastack.infer.policy import Policy
 from vlastack.infer.preprocess import Pipeline
+from vlastack.infer.readers import find_tokenizer, load_parts
 from vlastack.models.convert.lerobot import checkpoint_to_ours, config_from_checkpoint, load_checkpoint
 from vlastack.models.tokenizer import SentencePieceTokenizer
 

@@ -9,7 +9,7 @@ import torch
 
 from vlastack.config import load_config
 from vlastack.infer.export_lerobot import export_lerobot
-from vlastack.infer.external import import_checkpoint
+from vlastack.infer.importer import import_checkpoint
 from vlastack.models.convert.lerobot import VLASTACK_SIDECAR
 from vlastack.models.vla import VLA, build_model
 
@@ -67,7 +67,7 @@ def test_policy_loading_reads_each_file_of_the_folder_once(tmp_path, monkeypatch
     from collections import Counter
     from pathlib import Path
 
-    import vlastack.infer.external as ext
+    import vlastack.infer.readers as ext
     from vlastack.infer.policy import Policy
 
     if fmt == "vlastack":

@@ -20,10 +20,11 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from vlastack.infer.external import import_checkpoint, load_parts
+from vlastack.infer.importer import import_checkpoint
 from vlastack.infer.obs import Obs
 from vlastack.infer.policy import Policy
 from vlastack.infer.preprocess import ACTION_KEY
+from vlastack.infer.readers import load_parts
 
 FOLDER = Path(__file__).resolve().parents[1] / "fixtures" / "lerobot" / "pi0_fast"
 META = json.loads((FOLDER / "io.json").read_text())

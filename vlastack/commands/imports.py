@@ -12,7 +12,7 @@ _DTYPES = {"fp32": "float32", "bf16": "bfloat16", "keep": None}
 def _import(args: argparse.Namespace) -> int:
     import torch
 
-    from vlastack.infer.external import import_checkpoint
+    from vlastack.infer.importer import import_checkpoint
 
     dtype = _DTYPES[args.dtype]
     out = import_checkpoint(

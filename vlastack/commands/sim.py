@@ -210,7 +210,7 @@ def _lerobot_steps(policy: str) -> int | None:
     if not cfg_file.is_file():
         return None
     from vlastack.fileio import read_json
-    from vlastack.infer.external import lerobot_steps_per_chunk
+    from vlastack.infer.readers import lerobot_steps_per_chunk
 
     return lerobot_steps_per_chunk(read_json(cfg_file))
 
@@ -245,7 +245,7 @@ def _eval(args: argparse.Namespace) -> int:
 
         saved = server_metadata(spec).get("replan_steps")  # the server's own chunk execution
     elif spec not in ("random", "expert"):
-        from vlastack.infer.policy import saved_steps_per_chunk
+        from vlastack.infer.readers.vlastack_folder import saved_steps_per_chunk
 
         # One source: a checkpoint runs with the steps per chunk it was trained for (its config.yaml),
         # as Policy.from_pretrained and `vla serve` do; --steps-per-chunk overrides.

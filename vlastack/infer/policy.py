@@ -41,19 +41,6 @@ def identity_normalizer() -> Normalizer:
     return Normalizer({}, {STATE_KEY: "identity", ACTION_KEY: "identity"})
 
 
-def saved_steps_per_chunk(path: str | Path) -> int | None:
-    """``eval.steps_per_chunk`` of a vlastack checkpoint's config.yaml, capped at its action horizon:
-    the one source for how many actions run per chunk (``vla eval``, ``Policy``, ``vla serve``'s
-    /metadata). None when the folder has no config.yaml (a LeRobot folder: ``external.lerobot_steps_per_chunk``)."""
-    f = Path(path) / "config.yaml"
-    if not f.is_file():
-        return None
-    from vlastack.config import load_yaml
-
-    cfg = load_yaml(f)
-    return min(cfg.eval.steps_per_chunk, cfg.model.action_horizon)
-
-
 class Policy:
     """A VLA + normalizer + tokenizer. Thread-safe: one forward pass at a time (``self.lock``)."""
 
@@ -166,15 +153,13 @@ class Policy:
     ) -> Policy:
         """Load a policy folder (see module docstring). ``ema=True`` uses the ``ema/`` weights.
         LeRobot / openpi pi0 and pi05 checkpoints (a folder or a Hub id in the local cache) load
-        too, with their exact input pipeline (see infer/external.py); ``overrides`` and ``strict``
-        apply to those."""
-        from vlastack.infer.external import load_parts
+        too, with their exact input pipeline (infer/readers/: one reader per format); ``overrides``
+        and ``strict`` apply to those."""
+        from vlastack.infer.readers import load_parts
 
-        parts = load_parts(path, overrides, strict, device=device, ema=ema)  # one reader per format
-        if kwargs.get("replan_steps") is None:  # what `vla eval` runs it with
-            kwargs["replan_steps"] = (
-                parts.replan_steps if parts.fmt != "vlastack" else saved_steps_per_chunk(parts.folder)
-            )
+        parts = load_parts(path, overrides, strict, device=device, ema=ema)
+        if kwargs.get("replan_steps") is None:  # what `vla eval` runs it with, as its reader says
+            kwargs["replan_steps"] = parts.replan_steps
         return cls(parts.model, parts.normalizer, parts.tokenizer, device=device, dtype=dtype,
                    compile=compile, preprocess=parts.pipeline, **kwargs)  # fmt: skip
 
