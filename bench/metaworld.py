@@ -556,7 +556,8 @@ def cmd_validate(args: argparse.Namespace) -> None:
     ledger = read_ledger(run)
     trial = {"trial": args.trial, "run": str(run), "cpu_hours": sum(r["cpu_s"] for r in ledger) / 3600 or None,
              "overrides": sorted({a for r in ledger for a in r["argv"] if "=" in a and not a.startswith("-")}),
-             "date": datetime.date.today().isoformat()}  # fmt: skip
+             "date": datetime.date.today().isoformat(),
+             "machine": ledger[-1]["machine"] if ledger else machine()}  # fmt: skip
     res = load()
     entry = record_validation(res, args.suite, args.row, ev, trial)
     save(res)
