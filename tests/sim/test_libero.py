@@ -246,3 +246,30 @@ def test_a_lerobot_pi05_libero_folder_runs_with_one_command(tmp_path):
     assert res["config"]["cameras"] == ["image", "image2"] and res["config"]["steps_per_chunk"] == 3
     assert res["config"]["camera_map"] == {"image": "agentview", "image2": "wrist"}
     assert res["episodes"][0]["steps"] == 4
+
+
+@needs_libero
+def test_lerobot_batch_size_sets_the_reset_count_of_episode_js_sub_env():
+    """``lerobot_batch_size`` N: episode j runs on lerobot-eval's sub-env j % N as its (j // N)-th
+    episode, so its placement samplers are those of its (3 + j // N)-th load (N = 1: 3 + j), and
+    any other suite refuses the setting. (The equality with LeRobot's pixels at N > 1 awaits a
+    fixture recorded with LeRobot's vector env: scripts/make_libero_lerobot_fixture.py.)"""
+    from vlastack.sim.env import make_env
+
+    env = make_env(
+        "libero_spatial/4", suite="libero_spatial", image_size=32, cameras=(), lerobot_batch_size=2
+    )
+    try:
+        per = len(env._samplers_per_load)
+        assert per > 0  # this scene has samplers (else the count would say nothing)
+        for n in (2, 10, 1):
+            env.lerobot_batch_size = n
+            for j in (3, 11):
+                env.reset(seed=1000 + j)
+                assert env.init_state == j
+                # the reset's own load appends one more set: its (3 + j // N)-th load
+                assert len(env._inner.object_property_initializers) == per * (3 + j // n), (n, j)
+    finally:
+        env.close()
+    with pytest.raises(ValueError, match="LIBERO suites"):
+        make_env("push", suite="builtin", lerobot_batch_size=2)

@@ -101,6 +101,12 @@ def register(sub, groups) -> None:
         help="N episodes of every task, seeds SEED+j (lerobot-eval's scheme: eval.seed_scheme=per_task)",
     )
     e.add_argument("--out", default="runs/eval", help="folder for eval.json, eval.png, videos/")
+    e.add_argument(
+        "--lerobot-batch-size",
+        type=int_at_least(1),
+        default=None,
+        help="LIBERO: place episodes as lerobot-eval with this eval.batch_size (envs per task) does",
+    )
     e.add_argument("--workers", type=int_at_least(0), default=None, help="worker processes (0 = in-process)")
     e.add_argument(
         "--ray-address",
@@ -291,6 +297,7 @@ def _eval(args: argparse.Namespace) -> int:
         cameras=_split(args.cameras) or None,
         camera_map=_camera_map(args.camera_map),
         resume=args.resume,
+        lerobot_batch_size=pick(args.lerobot_batch_size, ec.lerobot_batch_size),
     )
     for t, s in res["tasks"].items():
         lo, hi = s["ci95"]

@@ -526,9 +526,13 @@ class EvalConfig:
     # over, one CPU each (sim/ray_pool.py): "auto" (the cluster this machine joined with `ray
     # start`), "HOST:PORT", "ray://HOST:10001", or "local" (a Ray instance started here). Needs Ray.
     ray_address: str = ""
+    # LIBERO: the envs per task lerobot-eval would run (its eval.batch_size, N), whose reset
+    # counts an episode's fixture placement depends on (sim/libero.py): episode j is then placed
+    # as lerobot-eval's default async rollout with N envs places it. 1: lerobot-eval at batch 1.
+    lerobot_batch_size: int = 1
 
     def __post_init__(self) -> None:
-        _positive(self, "episodes", "steps_per_chunk", "image_size", "batch_episodes")
+        _positive(self, "episodes", "steps_per_chunk", "image_size", "batch_episodes", "lerobot_batch_size")
         _check(self.num_workers >= 0, "num_workers", "must be >= 0")
         _check(self.max_steps >= 0, "max_steps", f"must be >= 0 (0 = the task's own), got {self.max_steps}")
         _check(

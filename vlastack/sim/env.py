@@ -198,6 +198,7 @@ def make_env(
     max_steps: int = 0,
     camera_map: dict[str, str | None] | None = None,
     action_representation: str = "delta",
+    lerobot_batch_size: int = 1,
 ):
     """Build one env of ``suite``. ``seed`` seeds the first ``reset`` if given. ``image_size`` and
     ``cameras`` default to the suite's own (builtin: 64 px, scene + wrist; Meta-World: LeRobot's
@@ -206,7 +207,10 @@ def make_env(
     (builtin: per task, Meta-World 500, LIBERO per suite); ``camera_map``: LIBERO only, policy
     camera -> ``agentview`` / ``wrist`` / None where the names do not say (``libero.match_cameras``);
     ``action_representation``: ``delta`` or ``absolute`` (builtin and dynamic suites only; see the
-    module docstring)."""
+    module docstring); ``lerobot_batch_size``: LIBERO only, the envs per task of the lerobot-eval
+    run to match (``libero.LiberoEnv``)."""
+    if lerobot_batch_size != 1 and suite not in LIBERO_SUITES:
+        raise ValueError(f"lerobot_batch_size applies to the LIBERO suites, not {suite!r}")
     check_representation(action_representation, suite if suite in ALL_SUITES else "builtin")
     cameras = tuple(cameras) if cameras is not None else default_cameras(suite)  # () = render nothing
     if suite == "metaworld":
@@ -218,7 +222,9 @@ def make_env(
         from vlastack.sim.libero import LEROBOT_IMAGE_SIZE as LIBERO_SIZE
         from vlastack.sim.libero import LiberoEnv
 
-        env = LiberoEnv(suite, task_name, image_size or LIBERO_SIZE, cameras, max_steps, camera_map)
+        env = LiberoEnv(
+            suite, task_name, image_size or LIBERO_SIZE, cameras, max_steps, camera_map, lerobot_batch_size
+        )
     elif suite in SUITES:
         env = BuiltinEnv(task_name, image_size=image_size or 64, cameras=cameras, max_steps=max_steps or None,
                          action_representation=action_representation)  # fmt: skip

@@ -344,6 +344,8 @@ def evaluate(
               "render_quality": cfg.render_quality, "max_steps": cfg.max_steps}  # fmt: skip
     if representation != "delta":  # the other suites' envs take deltas only (checked above)
         env_kw["action_representation"] = representation
+    if cfg.lerobot_batch_size != 1:  # LIBERO only (make_env refuses it elsewhere)
+        env_kw["lerobot_batch_size"] = cfg.lerobot_batch_size
     if cameras and (camera_map is not None or cfg.suite.startswith("libero")):
         from vlastack.sim.libero import match_cameras
 
@@ -411,6 +413,7 @@ def evaluate(
         "steps_per_chunk": cfg.steps_per_chunk, "temporal_ensemble": cfg.temporal_ensemble,
         "image_size": cfg.image_size, "cameras": list(cameras), "execution": asdict(cfg.execution),
         "action_representation": representation, "batch_episodes": cfg.batch_episodes if lockstep else 1,
+        "lerobot_batch_size": cfg.lerobot_batch_size,
     }  # fmt: skip
     if "camera_map" in env_kw:
         res["config"]["camera_map"] = env_kw["camera_map"]

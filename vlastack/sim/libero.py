@@ -197,7 +197,11 @@ class LiberoEnv(gym.Env):
         cameras: Sequence[str] = ("image", "image2"),
         max_steps: int = 0,
         camera_map: dict[str, str | None] | None = None,
+        lerobot_batch_size: int = 1,
     ):
+        if lerobot_batch_size < 1:
+            raise ValueError(f"lerobot_batch_size must be >= 1, got {lerobot_batch_size}")
+        self.lerobot_batch_size = lerobot_batch_size
         bench = _suite(suite)
         _, get_libero_path, offscreen_env = _import_libero()
         task_id = int(task_keys(suite, [str(task)])[0].rsplit("/", 1)[1])
@@ -245,6 +249,12 @@ class LiberoEnv(gym.Env):
         # of a task is its env's (3 + j)-th model load (constructor, a first reset, j earlier
         # episodes, this one): reset() sets the list to that length, so episode j is placed as
         # LeRobot places it, whatever this env ran before (tests/test_libero.py, fixture).
+        # With N envs per task (``lerobot_batch_size``, lerobot-eval's eval.batch_size) episode j
+        # runs on sub-env j % N as that env's (j // N)-th episode, with initial state j and seed
+        # start + j: its (3 + j // N)-th load. That holds for lerobot-eval 0.6.1's default vector
+        # env for N > 1 (an async one whose FreezeAfterEpisodeEnd absorbs the autoreset of a
+        # finished sub-env); its synchronous one (use_async_envs=false) resets a finished sub-env
+        # mid-batch, which this does not reproduce.
         self._inner = self.env.env
         self._samplers_per_load = list(self._inner.object_property_initializers)
 
@@ -252,7 +262,8 @@ class LiberoEnv(gym.Env):
         super().reset(seed=seed)
         seed = 0 if seed is None else int(seed)
         self.init_state = seed % len(self.init_states)
-        self._inner.object_property_initializers[:] = self._samplers_per_load * (2 + self.init_state)
+        loads = 2 + self.init_state // self.lerobot_batch_size  # earlier loads of its (sub-)env
+        self._inner.object_property_initializers[:] = self._samplers_per_load * loads
         self.env.seed(seed)
         self.env.reset()
         raw = self.env.set_init_state(self.init_states[self.init_state])
