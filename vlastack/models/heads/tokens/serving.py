@@ -53,10 +53,9 @@ class TokenServing(HeadServing):
 
     def __init__(self, policy: Any, compile: bool = False, **options: Any) -> None:
         if options.get("decoding"):  # before compiling: the options shape the decode step
-            set_decoding(policy.model, options["decoding"])
-            policy.cfg = policy.model.cfg
+            set_decoding(policy.model, options["decoding"])  # Policy re-reads model.cfg after
         super().__init__(policy, compile=compile, **options)
-        self.invalid_decode = policy.cfg.head_options.invalid_decode
+        self.invalid_decode = policy.model.cfg.head_options.invalid_decode
         self.stats = {"chunks": 0, "invalid": 0, "repeated": 0}
         self._last_valid: np.ndarray | None = None  # the latest valid chunk [H, A_env] (repeat_last)
 
