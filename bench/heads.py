@@ -11,9 +11,12 @@ the same batch shapes, median), and each head gets ``3400 * t_flow / t_head`` st
 do not depend on what else ran.
 
     python bench/heads.py timing                        # -> budget steps per head
+    python bench/heads.py timing --heads oft            # one head added (flow timed beside it)
     python bench/heads.py train bins_ar --seed 0        # runs/heads/bins_ar_s0 (full budget)
+    python bench/heads.py train fast_ar --variant nobpe --set model.head_options.fast_vocab_size=57
     python bench/heads.py diag runs/heads/bins_ar_s0    # held-out token accuracy, per-step error
     python bench/heads.py eval runs/heads/bins_ar_s0    # 100 episodes + latency p50
+    python bench/heads.py eval RUN --steps-per-chunk 4 --tag _spc4   # execution ablations
     python bench/heads.py report                        # the table (docs/heads.md)
 
 Everything lands in bench/results/heads.json (read, updated, written back per command).
@@ -58,6 +61,8 @@ HEADS: dict[str, tuple[str, list[str]]] = {
         "demo_tokens",
         ["model.head_options.decoding=parallel", "model.head_options.regression_head=true"],
     ),
+    # OpenVLA-OFT's recipe: one learned query per step, parallel decoding, L1 (configs/demo_oft.yaml).
+    "oft": ("demo_oft", []),
 }
 LOAD_NOTE = (
     "2-core CPU: seed-0 runs trained on a mostly idle machine, seed-1 runs on one thread each beside "
@@ -127,8 +132,11 @@ def cmd_timing(args: argparse.Namespace) -> None:
     # One thread: with two, OpenMP threads spin while their partner is descheduled, so on a busy
     # machine process CPU time inflates with the load; a single thread's CPU time does not.
     torch.set_num_threads(args.threads)
+    # A subset is timed beside flow (the reference every budget is relative to) and merged into
+    # the existing table, so the budgets of runs already made stay as they were.
+    timed = list(HEADS) if not args.heads else ["flow", *(h for h in args.heads if h != "flow")]
     setups = {}
-    for head in HEADS:
+    for head in timed:
         cfg = head_config(head)
         torch.manual_seed(0)
         model = build_model(cfg.model)
@@ -136,8 +144,8 @@ def cmd_timing(args: argparse.Namespace) -> None:
         batch["actions"] = batch["actions"].clamp(-1, 1)
         _fit_for_timing(model, cfg, batch)
         setups[head] = (model, build_optimizer(model, cfg.train), batch, cfg.train.precision)
-    wall: dict[str, list[float]] = {h: [] for h in HEADS}
-    cpu: dict[str, list[float]] = {h: [] for h in HEADS}
+    wall: dict[str, list[float]] = {h: [] for h in timed}
+    cpu: dict[str, list[float]] = {h: [] for h in timed}
     for r in range(args.warmup + args.steps):
         for head, (model, opt, batch, precision) in setups.items():
             t0, c0 = time.perf_counter(), time.process_time()
@@ -150,7 +158,7 @@ def cmd_timing(args: argparse.Namespace) -> None:
     # than wall time; wall medians are recorded beside it.
     med = {h: statistics.median(v) for h, v in cpu.items()}
     out = {}
-    for h in HEADS:
+    for h in timed:
         steps = round(FLOW_STEPS * med["flow"] / med[h])
         out[h] = {
             "step_cpu_s_median": med[h],
@@ -166,13 +174,19 @@ def cmd_timing(args: argparse.Namespace) -> None:
             f"{h:18s} cpu {med[h]:.3f} s/step  wall {out[h]['step_wall_s_median']:.3f}  x{med[h] / med['flow']:.2f}  -> {steps} steps"
         )
     res = load_results()
-    res["timing"] = {
-        "method": f"{args.steps} steps per head after {args.warmup} warm-up rounds, round-robin "
-        "(flow, bins_ar, fast_ar, bins_parallel_l1, flow, ...), batch 32 dummy batches of the recipe's "
+    method = (
+        f"{args.steps} steps per head after {args.warmup} warm-up rounds, round-robin "
+        f"({', '.join(timed)}, then again), batch 32 dummy batches of the recipe's "
         f"shapes, bf16 autocast, {args.threads} thread(s); budget_steps = 3400 x median(flow) / median(head) over process "
-        "CPU time per step",
-        "heads": out,
-    }
+        "CPU time per step"
+    )  # fmt: skip
+    if args.heads and res.get("timing"):
+        for h in timed[1:]:
+            out[h]["method"] = method + "; timed beside flow alone and merged into this table"
+            out[h]["date"] = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
+            res["timing"]["heads"][h] = out[h]
+    else:
+        res["timing"] = {"method": method, "heads": out}
     save_results(res)
 
 
@@ -194,6 +208,7 @@ def cmd_train(args: argparse.Namespace) -> None:
     res = load_results()
     res["runs"].setdefault(out.name, {}).update(
         head=args.head,
+        variant=args.variant,
         seed=args.seed,
         steps=steps,
         overrides=list(HEADS[args.head][1]) + list(args.set),
@@ -303,13 +318,16 @@ def cmd_eval(args: argparse.Namespace) -> None:
     if args.episodes:
         e = evaluate(
             Checkpoint(spec, decoding) if decoding else spec, suite="builtin", episodes=args.episodes, seed=1_000_000, num_workers=2,
-            steps_per_chunk=1, image_size=cfg.eval.image_size, cameras=cfg.model.camera_names, videos=0,
-            out_dir=run / "eval",
+            steps_per_chunk=args.steps_per_chunk, temporal_ensemble=args.temporal_ensemble,
+            image_size=cfg.eval.image_size, cameras=cfg.model.camera_names, videos=0, out_dir=run / "eval",
         )  # fmt: skip
-        chunks = sum(ep["steps"] for ep in e["episodes"])  # one chunk per step (re-planning)
+        # one chunk per steps_per_chunk steps (1: re-planning every step)
+        chunks = sum(-(-ep["steps"] // args.steps_per_chunk) for ep in e["episodes"])
         entry[f"closed_loop{args.tag}"] = {
             "episodes": args.episodes,
             "decoding": dict(decoding),
+            "steps_per_chunk": args.steps_per_chunk,
+            "temporal_ensemble": args.temporal_ensemble,
             "seed": 1_000_000,
             "mean_task_success": e["mean_task_success"],
             "tasks": {t: v["success_rate"] for t, v in e["tasks"].items()},
@@ -424,16 +442,25 @@ def summary(res: dict) -> str:
         lines.append(
             f"| flow (demo recipe) | {len(v)} | **{sum(v) / len(v):.1%}** | {min(v):.0%} | {per} | - |"
         )
-    for head in HEADS:
-        runs = [r for r in res.get("runs", {}).values() if r.get("head") == head and r.get("closed_loop")]
+    variants = sorted(
+        {(r.get("head"), r.get("variant", "")) for r in res.get("runs", {}).values()},
+        key=lambda hv: (list(HEADS).index(hv[0]) if hv[0] in HEADS else len(HEADS), hv[1]),
+    )
+    for head, variant in variants:
+        runs = [
+            r
+            for r in res.get("runs", {}).values()
+            if r.get("head") == head and r.get("variant", "") == variant and r.get("closed_loop")
+        ]
         if not runs:
             continue
         runs.sort(key=lambda r: r["seed"])
+        name = f"{head} ({variant})" if variant else head
         v = [r["closed_loop"]["mean_task_success"] for r in runs]
         bad = [r["closed_loop"]["invalid_decode_fraction"] for r in runs]
         per = ", ".join(f"{x:.0%}" for x in v)
         lines.append(
-            f"| {head} | {len(v)} | **{sum(v) / len(v):.1%}** | {min(v):.0%} | {per} | "
+            f"| {name} | {len(v)} | **{sum(v) / len(v):.1%}** | {min(v):.0%} | {per} | "
             f"{sum(bad) / len(bad):.1%} |"
         )
     return "\n".join(lines)
@@ -453,6 +480,9 @@ def main(argv: list[str] | None = None) -> None:
     t.add_argument("--steps", type=int, default=20)
     t.add_argument("--warmup", type=int, default=3)
     t.add_argument("--threads", type=int, default=1)
+    t.add_argument(
+        "--heads", nargs="*", choices=list(HEADS), default=None, help="time these beside flow only"
+    )
     t.set_defaults(func=cmd_timing)
     t = sub.add_parser("train")
     t.add_argument("head", choices=list(HEADS))
@@ -461,6 +491,7 @@ def main(argv: list[str] | None = None) -> None:
     t.add_argument("--data", default=DATA)
     t.add_argument("--out", default=None)
     t.add_argument("--set", nargs="*", default=[], help="extra dotted overrides")
+    t.add_argument("--variant", default="", help="name of what --set changes (the summary groups by it)")
     t.set_defaults(func=cmd_train)
     t = sub.add_parser("diag")
     t.add_argument("run")
@@ -476,6 +507,10 @@ def main(argv: list[str] | None = None) -> None:
         "--decode", action="append", default=[], metavar="KEY=VALUE", help="Policy decoding option"
     )
     t.add_argument("--tag", default="", help="suffix of the result key (closed_loop<tag>)")
+    t.add_argument(
+        "--steps-per-chunk", type=int, default=1, help="actions executed per chunk (1: re-plan every step)"
+    )
+    t.add_argument("--temporal-ensemble", type=float, default=0.0, help="ACT's exponential weight (0: off)")
     t.add_argument("--checkpoint", default="final", help="final | step_N")
     t.add_argument("--heldout", default=HELDOUT)
     t.set_defaults(func=cmd_eval)

@@ -252,3 +252,36 @@ def test_training_pass_equals_the_joint_pass():
     fed = build_model(_cfg("model.grounding.teacher_forcing=0", "model.grounding.weight=0"))
     fed(batch)["loss"].backward()
     assert fed.head.grounding.value.weight.grad.abs().sum() > 0  # only through the state token
+
+
+def test_grounded_oft_two_passes_equal_one_joint_pass():
+    """GroundedOFTHead runs the prefix into a cache, then [state token | queries] against it. The
+    actions equal one uncached pass over [prefix | state token, queries] (one block after the
+    prefix, as the plain OFT head lays it out) fed the same grounding prediction."""
+    from vlastack.models.backbone import prefix_layout
+
+    cfg = load_config("tiny", "demo_oft", ["model.grounding.layer=-1", "train.precision=fp32"])
+    torch.manual_seed(0)
+    m = build_model(cfg.model).eval()
+    head = m.head
+    torch.nn.init.normal_(
+        head.mlp[-1].weight, std=0.05
+    )  # zero-initialized: make the output depend on the input
+    batch = dummy_batch(m.cfg, 3)
+    with torch.no_grad():
+        staged = m.sample(batch).actions
+        ground = head.predict_grounding(m, batch)
+        prefix, pad = m.embed_prefix(batch)
+        state = head.state_proj(torch.cat([batch["state"].float(), ground], -1))[:, None]
+        x = torch.cat([prefix, state, head.queries.weight.expand(3, -1, -1)], 1)
+        starts = torch.zeros(1 + cfg.model.action_horizon, dtype=torch.bool)
+        starts[0] = True
+        _, mask, positions = prefix_layout(pad, starts)
+        out = m.decoder([x, None], positions, mask).vlm
+        joint = head.mlp(out[:, pad.shape[1] + 1 :]).float()
+    torch.testing.assert_close(staged, joint, atol=1e-5, rtol=1e-5)
+    assert staged.std() > 0
+    loss = m(batch)
+    assert {"l1_loss", "grounding_loss", "attend_loss"} <= set(loss)
+    loss["loss"].backward()
+    assert head.grounding.value.weight.grad.abs().sum() > 0

@@ -201,6 +201,10 @@ HEAD_SPECS: dict[str, HeadSpec] = {
         serving="vlastack.models.heads.tokens.serving:TokenServing",
         options_cls=TokenHeadConfig,
     ),
-    "oft": HeadSpec(cls="vlastack.models.heads.oft:OFTHead", options_cls=OFTOptions),
+    "oft": HeadSpec(
+        cls="vlastack.models.heads.oft:OFTHead",
+        grounded="vlastack.models.heads.oft:GroundedOFTHead",
+        options_cls=OFTOptions,
+    ),
 }
 HEAD_NAMES = tuple(HEAD_SPECS)

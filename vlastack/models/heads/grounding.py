@@ -1,5 +1,6 @@
 """Grounding add-on shared by the flow and token heads: where are the objects the instruction names?
-(``model.grounding``; the heads that take it: ``flow/grounded.py``, ``tokens/grounded.py``)
+(``model.grounding``; the heads that take it: ``flow/grounded.py``, ``tokens/grounded.py``,
+``oft/grounded.py``)
 
 The VLM prefix is [image tokens | text tokens]. The head pools the text tokens into one query per
 point, scores every image token against it, and returns the softmax-weighted sum of a per-token
@@ -29,7 +30,10 @@ from einops import einsum, rearrange
 from torch import Tensor, nn
 
 from vlastack.batch import Batch
-from vlastack.models.backbone import Backbone
+from vlastack.config import ModelConfig
+from vlastack.models.backbone import Backbone, prefix_layout
+from vlastack.nn.attention import block_causal_mask
+from vlastack.nn.kv_cache import StaticKVCache
 from vlastack.nn.norms import RMSNorm
 
 
@@ -115,3 +119,78 @@ def predict_grounding(model: Backbone, batch: Batch) -> Tensor:
     if not model.cfg.grounding.points:
         raise ValueError("this model has no grounding head (model.grounding.points is 0)")
     return model.head.predict_grounding(model, batch)
+
+
+# ---------------------------------------------------------------------- the two-pass layout
+# A head whose state token reads the grounding prediction cannot run prefix and suffix in one
+# pass (the suffix's input depends on the prefix's output): the prefix runs first, into a static
+# cache (with gradients in training), and the suffix runs against it. The token and OFT heads
+# share these two passes; the flow head has its own prefill (it also serves the fast path).
+
+
+def grounded_prefix_pass(
+    cfg: ModelConfig, backbone: Backbone, batch: Batch, suffix_len: int
+) -> tuple[StaticKVCache, Tensor, Tensor]:
+    """[images | text] into a fresh cache of P + ``suffix_len`` slots. -> (cache, the grounding
+    layer's residual stream [B, P, W], prefix pad bool [B, P])."""
+    prefix, pad = backbone.embed_prefix(batch)
+    b, p = pad.shape
+    cache = backbone.decoder.new_cache(b, p + suffix_len, prefix.dtype, prefix.device)
+    layer = cfg.grounding_layer
+    _, mask, positions = prefix_layout(pad)
+    out = backbone.decoder(
+        [prefix, None],
+        positions,
+        mask,
+        cache=cache,
+        cache_pos=0,
+        attend_cache=False,
+        vlm_output=layer == cfg.vlm.depth - 1,
+        vlm_hidden_at=layer,
+    )
+    return cache, out.hidden, pad
+
+
+def cached_suffix_pass(
+    backbone: Backbone, cache: StaticKVCache, pad: Tensor, x: Tensor, starts: Tensor
+) -> Tensor:
+    """x [B, T, W] against the cached prefix (pad [B, P]), in blocks that begin where ``starts``
+    bool [T] is True (each block sees the prefix, itself and the blocks before it).
+    -> final-normed hidden [B, T, W]."""
+    b, p = pad.shape
+    t = x.shape[1]
+    assert starts.shape == (t,), (starts.shape, t)  # starts[0] must be True (a block begins there)
+    own = block_causal_mask(pad.new_ones(b, t), starts)  # [B, 1, T, T]
+    unused = pad.new_zeros(b, 1, t, cache.max_len - p - t)
+    mask = torch.cat([pad[:, None, None, :].expand(b, 1, t, p), own, unused], dim=-1)
+    positions = pad.long().sum(-1, keepdim=True) + torch.arange(t, device=pad.device)[None]
+    return backbone.decoder([x, None], positions, mask, cache=cache, cache_pos=p, attend_cache=True).vlm
+
+
+def teacher_forced(cfg: ModelConfig, pred: Tensor, batch: Batch) -> tuple[Tensor, Tensor]:
+    """What the state token reads in training: the recorded positions plus N(0, noise^2), or per
+    sample with probability 1 - ``teacher_forcing`` the head's own prediction ``pred`` [B, G].
+    -> (fed [B, G], target fp32 [B, G])."""
+    target = batch["env_state"].float()
+    forced = target + cfg.grounding.noise * torch.randn_like(target)
+    tf = cfg.grounding.teacher_forcing
+    if tf < 1:
+        forced = torch.where(torch.rand(pred.shape[0], 1, device=pred.device) < tf, forced, pred)
+    return forced, target
+
+
+def add_grounding_losses(
+    cfg: ModelConfig, out: dict[str, Tensor], aux: tuple[Tensor, Tensor, Tensor], batch: Batch, name: str
+) -> dict[str, Tensor]:
+    """``out["loss"]`` (the head's own, kept as ``out[name]``) plus ``grounding.weight`` x the
+    regression MSE and ``grounding.attend_weight`` x ``attention_loss``; aux = (prediction [B, G],
+    attention [B, K, image tokens], target [B, G])."""
+    g = cfg.grounding
+    pred, look, target = aux
+    ground = (pred - target).pow(2).mean()
+    out.update({name: out["loss"], "grounding_loss": ground, "loss": out["loss"] + g.weight * ground})
+    if g.attend_weight:
+        grid = cfg.vision.image_size // cfg.vision.patch_size
+        attend = attention_loss(look, batch["env_uv"], grid)
+        out.update(attend_loss=attend, loss=out["loss"] + g.attend_weight * attend)
+    return out

@@ -12,7 +12,7 @@ from vlastack.batch import Batch
 from vlastack.config import ModelConfig
 from vlastack.models.backbone import Backbone
 from vlastack.models.heads.flow.head import FlowHead
-from vlastack.models.heads.grounding import GroundingHead, attention_loss
+from vlastack.models.heads.grounding import GroundingHead, add_grounding_losses
 
 
 class GroundedFlowHead(FlowHead):
@@ -99,13 +99,4 @@ class GroundedFlowHead(FlowHead):
         return self.denoise_step(backbone, cache, state, x_t, t, positions, mask), pred, look
 
     def extra_losses(self, out: dict[str, Tensor], aux: Any, batch: Batch) -> dict[str, Tensor]:
-        g = self.cfg.grounding
-        pred, look, target = aux
-        loss = out["loss"]
-        ground = (pred - target).pow(2).mean()
-        out.update(flow_loss=loss, grounding_loss=ground, loss=loss + g.weight * ground)
-        if g.attend_weight:
-            grid = self.cfg.vision.image_size // self.cfg.vision.patch_size
-            attend = attention_loss(look, batch["env_uv"], grid)
-            out.update(attend_loss=attend, loss=out["loss"] + g.attend_weight * attend)
-        return out
+        return add_grounding_losses(self.cfg, out, aux, batch, "flow_loss")

@@ -7,6 +7,7 @@ Models: Optimizing Speed and Success"). No action expert, no tokenizer, no sampl
 
 The sequence is [prefix | state token, H action queries]: the prefix attends within itself, the
 state token and the queries attend to everything (one bidirectional block after the prefix).
+With ``model.grounding.points > 0``: ``GroundedOFTHead`` (``grounded.py``).
 """
 
 from __future__ import annotations
@@ -51,12 +52,16 @@ class OFTHead(HeadBase):
         assert actions.shape == (b, h, self.cfg.action_dim), actions.shape
         return actions
 
-    def loss(self, backbone: Backbone, batch: Batch, **kwargs: Any) -> dict[str, Tensor]:
+    def regression_loss(self, actions: Tensor, batch: Batch) -> Tensor:
+        """actions fp32 [B, H, A] -> L1 (or MSE) over the real steps and dims, scalar fp32."""
         target = batch["actions"].float()
         w = ((~batch["action_is_pad"])[:, :, None] & batch["action_dim_mask"][:, None]).float()
-        err = self.predict(backbone, batch) - target
+        err = actions - target
         per = err.abs() if self.cfg.head_options.l1 else err.pow(2)
-        return {"loss": (per * w).sum() / w.sum().clamp(min=1.0)}
+        return (per * w).sum() / w.sum().clamp(min=1.0)
+
+    def loss(self, backbone: Backbone, batch: Batch, **kwargs: Any) -> dict[str, Tensor]:
+        return {"loss": self.regression_loss(self.predict(backbone, batch), batch)}
 
     def sample(
         self, backbone: Backbone, batch: Batch, noise: Tensor | None = None, **kwargs: Any

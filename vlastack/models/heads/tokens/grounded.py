@@ -27,10 +27,15 @@ from torch import Tensor, nn
 
 from vlastack.batch import Batch
 from vlastack.config import ModelConfig
-from vlastack.models.backbone import Backbone, prefix_layout
-from vlastack.models.heads.grounding import GroundingHead, attention_loss
+from vlastack.models.backbone import Backbone
+from vlastack.models.heads.grounding import (
+    GroundingHead,
+    add_grounding_losses,
+    cached_suffix_pass,
+    grounded_prefix_pass,
+    teacher_forced,
+)
 from vlastack.models.heads.tokens.head import TokenHead
-from vlastack.nn.attention import block_causal_mask
 from vlastack.nn.kv_cache import StaticKVCache
 
 
@@ -55,22 +60,7 @@ class GroundedTokenHead(TokenHead):
     ) -> tuple[StaticKVCache, Tensor, Tensor]:
         """[images | text] into a fresh cache of P + ``suffix_len`` slots. -> (cache, the grounding
         layer's residual stream [B, P, W], prefix pad bool [B, P])."""
-        prefix, pad = backbone.embed_prefix(batch)
-        b, p = pad.shape
-        cache = backbone.decoder.new_cache(b, p + suffix_len, prefix.dtype, prefix.device)
-        layer = self.cfg.grounding_layer
-        _, mask, positions = prefix_layout(pad)
-        out = backbone.decoder(
-            [prefix, None],
-            positions,
-            mask,
-            cache=cache,
-            cache_pos=0,
-            attend_cache=False,
-            vlm_output=layer == self.cfg.vlm.depth - 1,
-            vlm_hidden_at=layer,
-        )
-        return cache, out.hidden, pad
+        return grounded_prefix_pass(self.cfg, backbone, batch, suffix_len)
 
     def suffix_pass(
         self,
@@ -83,17 +73,12 @@ class GroundedTokenHead(TokenHead):
     ) -> Tensor:
         """[state token | action inputs [B, T, W]] against the cached prefix (pad [B, P]).
         state_in [B, S + G]. -> final-normed hidden [B, 1 + T, W] (position 0 predicts token 0)."""
-        b, p = pad.shape
         st = self.state_proj(state_in.to(self.state_proj.weight.dtype))[:, None]
         x = torch.cat([st.to(actions_in.dtype), actions_in], dim=1)
         t = x.shape[1]
         starts = torch.zeros(t, dtype=torch.bool, device=pad.device)
         starts[: (t if causal else min(t, 2))] = True  # state; then each action (causal) or one block
-        own = block_causal_mask(pad.new_ones(b, t), starts)  # [B, 1, T, T]
-        unused = pad.new_zeros(b, 1, t, cache.max_len - p - t)
-        mask = torch.cat([pad[:, None, None, :].expand(b, 1, t, p), own, unused], dim=-1)
-        positions = pad.long().sum(-1, keepdim=True) + torch.arange(t, device=pad.device)[None]
-        return backbone.decoder([x, None], positions, mask, cache=cache, cache_pos=p, attend_cache=True).vlm
+        return cached_suffix_pass(backbone, cache, pad, x, starts)
 
     # ------------------------------------------------------------------ TokenHead hooks
 
@@ -109,24 +94,12 @@ class GroundedTokenHead(TokenHead):
         """Teacher forcing: the state token reads the recorded positions plus noise."""
         cache, hidden, pad = self.prefix_pass(backbone, batch, 1 + actions_in.shape[1])
         pred, look = self.grounding.attend(hidden, pad)
-        target = batch["env_state"].float()
-        forced = target + self.cfg.grounding.noise * torch.randn_like(target)
-        tf = self.cfg.grounding.teacher_forcing
-        if tf < 1:
-            forced = torch.where(torch.rand(pred.shape[0], 1, device=pred.device) < tf, forced, pred)
+        forced, target = teacher_forced(self.cfg, pred, batch)
         state = torch.cat([batch["state"].float(), forced], dim=-1)
         return self.suffix_pass(backbone, cache, pad, state, actions_in, causal), (pred, look, target)
 
     def extra_losses(self, out: dict[str, Tensor], aux: Any, batch: Batch) -> dict[str, Tensor]:
-        g = self.cfg.grounding
-        pred, look, target = aux
-        ground = (pred - target).pow(2).mean()
-        out.update(token_loss=out["loss"], grounding_loss=ground, loss=out["loss"] + g.weight * ground)
-        if g.attend_weight:
-            grid = self.cfg.vision.image_size // self.cfg.vision.patch_size
-            attend = attention_loss(look, batch["env_uv"], grid)
-            out.update(attend_loss=attend, loss=out["loss"] + g.attend_weight * attend)
-        return out
+        return add_grounding_losses(self.cfg, out, aux, batch, "token_loss")
 
     def prefill(self, backbone: Backbone, batch: Batch) -> tuple[StaticKVCache, Tensor, Tensor, Tensor]:
         """Prefix pass, then the state token (with the head's grounding) into slot P. -> (cache of
