@@ -17,6 +17,7 @@ do not depend on what else ran.
     python bench/heads.py diag runs/heads/bins_ar_s0    # held-out token accuracy, per-step error
     python bench/heads.py eval runs/heads/bins_ar_s0    # 100 episodes + latency p50
     python bench/heads.py eval RUN --steps-per-chunk 4 --tag _spc4   # execution ablations
+    python bench/heads.py tokenizer                     # FAST on the data alone: tokens, round-trip error
     python bench/heads.py report                        # the table (docs/heads.md)
 
 Everything lands in bench/results/heads.json (read, updated, written back per command).
@@ -55,6 +56,8 @@ HEADS: dict[str, tuple[str, list[str]]] = {
             "model.head_options.tokenizer=fast",
             "model.head_options.fast_vocab_size=512",
             "model.head_options.max_action_tokens=28",
+            # demo_tokens' bin_sigma=2 never applied to BPE pieces (no order); said explicitly now.
+            "model.head_options.bin_sigma=0",
         ],
     ),
     "bins_parallel_l1": (
@@ -392,6 +395,63 @@ def cmd_latency(args: argparse.Namespace) -> None:
     save_results(res)
 
 
+def cmd_tokenizer(args: argparse.Namespace) -> None:
+    """FAST on the demo's own chunks, no model: tokens per chunk and round-trip error by DCT scale
+    and BPE vocabulary (the quantization part of the error, against what a model reaches), and how
+    smooth the chunks are (FAST's DCT compresses smooth signals; these are proportional-control
+    deltas with phase switches)."""
+    import numpy as np
+
+    from vlastack.data.samples import make_dataset
+    from vlastack.models.action_tokens.base import TokenPlacement
+    from vlastack.models.action_tokens.fast import FastTokenizer, dct_matrix
+    from vlastack.models.heads.tokens.head import hold_last_step
+
+    torch.set_num_threads(1)
+    cfg = head_config("fast_ar")
+    ds = make_dataset(cfg, args.data)
+    idx = np.random.default_rng(0).choice(len(ds), args.fit + args.eval, replace=False)
+    items = [ds[int(i)] for i in idx]
+    acts = torch.stack([it["actions"] for it in items])
+    pads = torch.stack([it["action_is_pad"] for it in items])
+    real = int(items[0]["action_dim_mask"].sum())
+    chunks = hold_last_step(acts, pads)[:, :, :real].double().numpy()
+    fit, ev = chunks[: args.fit], chunks[args.fit :]
+    h = chunks.shape[1]
+    rows = []
+    for scale in (5.0, 10.0, 20.0):
+        alphabet = 2 * int(np.floor(np.abs(dct_matrix(h)).sum(1).max() * scale + 0.5)) + 1
+        for vocab in (alphabet, 256, 512, 1024):
+            tok = FastTokenizer(h, real, TokenPlacement("new_rows", vocab, 1000), scale).fit(fit)
+            enc = tok._encode_internal(ev)
+            n = np.array([len(e) for e in enc])
+            err = np.abs(np.stack([tok._decode_internal(e) for e in enc]) - ev)
+            rows.append({
+                "scale": scale, "bpe_vocab": vocab, "no_merges": vocab == alphabet,
+                "tokens_mean": float(n.mean()), "tokens_p99": float(np.percentile(n, 99)),
+                "tokens_max": int(n.max()), "abs_err_step0": float(err[:, 0].mean()),
+                "abs_err_mean": float(err.mean()), "abs_err_max": float(err.max()),
+            })  # fmt: skip
+            print(rows[-1], flush=True)
+    bins = (np.clip(np.floor((ev + 1) / 2 * 256), 0, 255) + 0.5) / 256 * 2 - 1
+    out = {
+        "data": args.data,
+        "chunks_fit": args.fit,
+        "chunks_eval": args.eval,
+        "horizon": h,
+        "real_action_dims": real,
+        "abs_action_mean_per_dim": np.abs(chunks).mean((0, 1)).tolist(),
+        "abs_step_to_step_change_per_dim": np.abs(np.diff(chunks, axis=1)).mean((0, 1)).tolist(),
+        "bins256_abs_err_mean": float(np.abs(bins - ev).mean()),
+        "fast": rows,
+        "note": "normalized units (actions in [-1, 1]); the gripper (last real dim) is +-1. "
+        "Quantization error only: what the tokenizer loses before any model predicts a token.",
+    }
+    res = load_results()
+    res["fast_tokenizer_on_demo_data"] = out
+    save_results(res)
+
+
 def table(res: dict) -> str:
     """The Markdown ranking table from heads.json."""
     tasks = ("reach", "push", "pick_place", "stack")
@@ -429,18 +489,29 @@ def table(res: dict) -> str:
     return "\n".join(lines)
 
 
+def _pooled(rates: list[float], episodes: list[int]) -> str:
+    """The Wilson 95% interval of the episodes pooled over seeds (successes rounded from rates)."""
+    from vlastack.sim.evaluate import wilson
+
+    k = sum(round(r * n) for r, n in zip(rates, episodes, strict=True))
+    lo, hi = wilson(k, sum(episodes))
+    return f"[{lo:.1%}, {hi:.1%}]"
+
+
 def summary(res: dict) -> str:
-    """Per head over its seeds: mean and min of the 100-episode success, invalid decodes."""
+    """Per head (and variant) over its seeds: mean success, the Wilson 95% interval of the pooled
+    episodes, min and per seed, invalid decodes."""
     lines = [
-        "| head | seeds | mean success | min | per seed | invalid decodes |",
-        "|---|---|---|---|---|---|",
+        "| head | seeds | mean success | 95% interval (pooled episodes) | min | per seed | invalid decodes |",
+        "|---|---|---|---|---|---|---|",
     ]
     flow = res.get("flow_reference", {}).get("demo_100_episodes_by_training_seed", {})
     if flow:
         v = list(flow.values())
         per = ", ".join(f"{x:.0%}" for x in v)
         lines.append(
-            f"| flow (demo recipe) | {len(v)} | **{sum(v) / len(v):.1%}** | {min(v):.0%} | {per} | - |"
+            f"| flow (demo recipe) | {len(v)} | **{sum(v) / len(v):.1%}** | {_pooled(v, [100] * len(v))} | "
+            f"{min(v):.0%} | {per} | - |"
         )
     variants = sorted(
         {(r.get("head"), r.get("variant", "")) for r in res.get("runs", {}).values()},
@@ -457,10 +528,11 @@ def summary(res: dict) -> str:
         runs.sort(key=lambda r: r["seed"])
         name = f"{head} ({variant})" if variant else head
         v = [r["closed_loop"]["mean_task_success"] for r in runs]
+        n = [r["closed_loop"]["episodes"] for r in runs]
         bad = [r["closed_loop"]["invalid_decode_fraction"] for r in runs]
         per = ", ".join(f"{x:.0%}" for x in v)
         lines.append(
-            f"| {name} | {len(v)} | **{sum(v) / len(v):.1%}** | {min(v):.0%} | {per} | "
+            f"| {name} | {len(v)} | **{sum(v) / len(v):.1%}** | {_pooled(v, n)} | {min(v):.0%} | {per} | "
             f"{sum(bad) / len(bad):.1%} |"
         )
     return "\n".join(lines)
@@ -517,6 +589,11 @@ def main(argv: list[str] | None = None) -> None:
     t = sub.add_parser("latency")
     t.add_argument("--repeats", type=int, default=30)
     t.set_defaults(func=cmd_latency)
+    t = sub.add_parser("tokenizer")
+    t.add_argument("--data", default=DATA)
+    t.add_argument("--fit", type=int, default=2000)
+    t.add_argument("--eval", type=int, default=1000)
+    t.set_defaults(func=cmd_tokenizer)
     t = sub.add_parser("report")
     t.set_defaults(func=cmd_report)
     args = p.parse_args(argv)

@@ -118,3 +118,32 @@ def test_l1_weight_and_smoothing_options():
     for bad in ({"bin_sigma": -1.0}, {"label_smoothing": 1.0}, {"l1_weight": -0.5}):
         with pytest.raises(ConfigError, match=next(iter(bad))):
             TokenHeadConfig(**bad)
+
+
+def test_bin_sigma_on_fast_without_merges():
+    """FAST whose BPE vocabulary is its alphabet has one id per quantized DCT coefficient: ordinal
+    ids, so bin_sigma spreads the target over neighbouring coefficient values; the end id's target
+    stays one-hot. With merges the ids have no order: bin_sigma warns that it does nothing."""
+    m, b = make(micro(tokenizer="fast", fast_vocab_size=41, bin_sigma=2.0))  # H=4, scale 10: 41 symbols
+    h = m.head
+    values = h.tokenizer.ordinal_values()
+    assert sorted(values.tolist()) == list(range(-20, 21))
+    zero = int(h.internal_to_lm[int(values.tolist().index(0.0))])
+    near = int(h.internal_to_lm[int(values.tolist().index(1.0))])
+    far = int(h.internal_to_lm[int(values.tolist().index(15.0))])
+    logits = torch.full((1, 1, h.allowed_ids.numel()), -20.0)
+    hit_near, hit_far = logits.clone(), logits.clone()
+    hit_near[0, 0, near], hit_far[0, 0, far] = 20.0, 20.0
+    target = torch.tensor([[zero]])
+    assert h.token_ce(hit_near, target)[0, 0] < h.token_ce(hit_far, target)[0, 0] - 5
+    end = torch.tensor([[h.end_id]])
+    free = torch.randn(1, 1, h.allowed_ids.numel(), generator=torch.Generator().manual_seed(0))
+    torch.testing.assert_close(
+        h.token_ce(free, end)[0, 0], -free.log_softmax(-1)[0, 0, h.end_id]
+    )  # one-hot at the end id
+    out = m(b)
+    out["loss"].backward()
+    assert torch.isfinite(out["loss"])
+    with pytest.warns(UserWarning, match="bin_sigma=2.0 has no effect"):
+        merged, _ = make(micro(tokenizer="fast", fast_vocab_size=64, bin_sigma=2.0))
+    assert merged.head.tokenizer.ordinal_values() is None

@@ -154,6 +154,12 @@ class ActionTokenizer:
         """Tokens per chunk when it is constant (bins: H*A), else None (FAST)."""
         return None
 
+    def ordinal_values(self) -> np.ndarray | None:
+        """The number each internal id stands for, float64 [placement.n], when ids are ordinal (one
+        quantized value each: bins, FAST without BPE merges), else None. Soft training targets
+        (``bin_sigma``) spread over the ids of neighbouring values."""
+        return None
+
     def piece_lengths(self) -> np.ndarray | None:
         """Symbols each internal id expands to, int64 [placement.n] (a full chunk is H*A symbols),
         where a tokenizer knows them (FAST: the BPE piece lengths; unused ids get H*A + 1 so no
@@ -285,6 +291,9 @@ class BinTokenizer(ActionTokenizer):
     @property
     def fixed_length(self) -> int:
         return self.horizon * self.action_dim
+
+    def ordinal_values(self) -> np.ndarray:
+        return np.arange(self.num_bins, dtype=np.float64)
 
     def _encode_internal(self, chunks: np.ndarray) -> list[np.ndarray]:
         b = np.floor((chunks + 1.0) * (self.num_bins / 2.0)).astype(np.int64)

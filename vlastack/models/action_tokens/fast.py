@@ -105,6 +105,17 @@ class FastTokenizer(ActionTokenizer):
         out[: len(self._pieces)] = [len(p) for p in self._pieces]
         return out
 
+    def ordinal_values(self) -> np.ndarray | None:
+        """Each id's quantized DCT coefficient when the BPE learned no merges (``fast_vocab_size``
+        = the alphabet, ``2 * bound + 1``: one token per coefficient), else None (a piece of
+        several coefficients has no order). Reserved, unused ids get inf: never a neighbour."""
+        self._require_fitted()
+        if any(len(p) != 1 for p in self._pieces):
+            return None
+        out = np.full(self.placement.n, np.inf)
+        out[: len(self._pieces)] = [float(p[0]) for p in self._pieces]
+        return out
+
     def _to_strings(self, chunks: np.ndarray) -> list[str]:
         """Chunks float64 [B, H, A] in [-1, 1] -> B strings of H*A symbols."""
         coeffs = np.einsum("kh,bha->bka", self._dct, chunks)

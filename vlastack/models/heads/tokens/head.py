@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import math
+import warnings
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -73,6 +74,7 @@ class TokenHead(HeadBase):
         # pi0-FAST: LeRobot's PaliGemma keeps its LM head apart from the (text) embedding.
         self.lm_head = nn.Linear(w, cfg.vlm.vocab_size, bias=False) if tc.sequence == "pi0_fast" else None
         self._tokenizer: ActionTokenizer | None = None
+        self.register_buffer("ordinal", None, persistent=False)  # set with the tokenizer
         self.end_id: int | None = None
         # pi0-FAST layout: the text ids the model writes before the FAST ids ("Action: ") and the
         # id that closes the prompt block (<bos>); set with the tokenizer (save_extra/load_extra).
@@ -150,6 +152,16 @@ class TokenHead(HeadBase):
         self.register_buffer("allowed_ids", allowed.to(device), persistent=False)
         self.register_buffer("lm_to_internal", inverse.to(device), persistent=False)
         self.register_buffer("internal_to_lm", torch.from_numpy(pl.ids).to(device), persistent=False)
+        values = tok.ordinal_values()
+        ordinal = None if values is None else torch.from_numpy(values).float().to(device)
+        self.register_buffer("ordinal", ordinal, persistent=False)  # for bin_sigma
+        if tc.bin_sigma > 0 and values is None:
+            warnings.warn(
+                f"model.head_options.bin_sigma={tc.bin_sigma} has no effect: this {tok.kind} tokenizer's "
+                "ids are BPE pieces of several coefficients, which have no order (FAST without merges, "
+                "fast_vocab_size = its alphabet, takes it); set bin_sigma=0",
+                stacklevel=2,
+            )
         self._tokenizer = tok
 
     def fit_tokenizer(
@@ -373,19 +385,26 @@ class TokenHead(HeadBase):
     def token_ce(self, logits: Tensor, ids: Tensor) -> Tensor:
         """Per-token cross-entropy fp32 [B, L] of logits [B, L, V] against LM ids [B, L].
 
-        ``tokens.bin_sigma`` > 0 (bins): the target is a discretized Gaussian over neighbouring
-        bins (std in bins) instead of one bin, so a near miss costs less than a far one; 256-way
-        one-hot targets treat bin 127 and bin 0 as equally wrong for a true bin 128.
+        ``tokens.bin_sigma`` > 0 with ordinal ids (bins; FAST without BPE merges, one id per
+        quantized DCT coefficient): the target is a discretized Gaussian over the ids of
+        neighbouring values (std in quantization steps) instead of one id, so a near miss costs
+        less than a far one; 256-way one-hot targets treat bin 127 and bin 0 as equally wrong for
+        a true bin 128. Targets that are not action ids (FAST's end id) stay one-hot.
         ``tokens.label_smoothing``: the usual uniform smoothing (over the whole vocabulary)."""
         tc = self.cfg.head_options
         logits = logits.float()
-        if tc.bin_sigma > 0 and self.tokenizer.fixed_length is not None:
-            logp = logits.log_softmax(-1)[..., self.internal_to_lm]  # [B, L, bins]
-            q = self.lm_to_internal[ids].clamp(min=0).float()
-            bins = torch.arange(logp.shape[-1], device=logp.device, dtype=torch.float32)
-            kernel = torch.exp(-0.5 * ((bins - q[..., None]) / tc.bin_sigma).pow(2))
+        if tc.bin_sigma > 0 and self.ordinal is not None:
+            logp_all = logits.log_softmax(-1)
+            logp = logp_all[..., self.internal_to_lm]  # [B, L, n]
+            internal = self.lm_to_internal[ids]  # -1: not an action id
+            q = self.ordinal[internal.clamp(min=0)]
+            kernel = torch.exp(-0.5 * ((self.ordinal - q[..., None]) / tc.bin_sigma).pow(2))
             kernel = kernel / kernel.sum(-1, keepdim=True)
-            return -(kernel * logp).sum(-1)
+            soft = -(kernel * logp).sum(-1)
+            if self.tokenizer.fixed_length is not None:
+                return soft  # bins: every target is an action id
+            hard = -logp_all.gather(-1, ids[..., None]).squeeze(-1)
+            return torch.where(internal >= 0, soft, hard)
         b, length = ids.shape
         ce = F.cross_entropy(
             logits.flatten(0, 1), ids.flatten(), reduction="none", label_smoothing=tc.label_smoothing
