@@ -62,6 +62,14 @@ class GroundingHead(nn.Module):
         self.key = nn.Linear(width, key_dim)
         self.value = nn.Linear(width, points * point_dim)
 
+    @classmethod
+    def from_config(cls, cfg: ModelConfig) -> GroundingHead:
+        """The head ``cfg.grounding`` asks for, reading the VLM's width and every camera's patches."""
+        g = cfg.grounding
+        return cls(
+            cfg.vlm.width, cfg.num_cameras * cfg.vision.num_patches, g.points, g.key_dim, eps=cfg.vlm.norm_eps
+        )
+
     def forward(self, hidden: Tensor, pad: Tensor) -> Tensor:
         """hidden [B, P, W] (image tokens first), pad bool [B, P] -> fp32 [B, points * point_dim]."""
         return self.attend(hidden, pad)[0]

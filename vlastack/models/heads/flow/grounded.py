@@ -32,10 +32,7 @@ class GroundedFlowHead(FlowHead):
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__(cfg)
-        g = cfg.grounding
-        self.grounding = GroundingHead(
-            cfg.vlm.width, cfg.num_cameras * cfg.vision.num_patches, g.points, g.key_dim, eps=cfg.vlm.norm_eps
-        )
+        self.grounding = GroundingHead.from_config(cfg)
         # Register the grounding head first, as checkpoints and the seeded init (which visits
         # modules in order) had it when it lived inside FlowHead.
         self._modules = {"grounding": self._modules.pop("grounding"), **self._modules}

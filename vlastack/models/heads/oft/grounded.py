@@ -23,7 +23,6 @@ from torch import Tensor, nn
 from vlastack.batch import Batch
 from vlastack.config import ModelConfig
 from vlastack.models.backbone import Backbone
-from vlastack.models.heads.base import ActionOutput
 from vlastack.models.heads.grounding import (
     GroundingHead,
     add_grounding_losses,
@@ -42,11 +41,8 @@ class GroundedOFTHead(OFTHead):
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__(cfg)
-        g, w = cfg.grounding, cfg.vlm.width
-        self.grounding = GroundingHead(
-            w, cfg.num_cameras * cfg.vision.num_patches, g.points, g.key_dim, eps=cfg.vlm.norm_eps
-        )
-        self.state_proj = nn.Linear(cfg.state_dim + g.dim, w)
+        self.grounding = GroundingHead.from_config(cfg)
+        self.state_proj = nn.Linear(cfg.state_dim + cfg.grounding.dim, cfg.vlm.width)
 
     def _actions(self, backbone: Backbone, batch: Batch, forced: bool) -> tuple[Tensor, Any]:
         """-> (actions fp32 [B, H, A], (prediction, attention, target) when ``forced``, else None)."""
@@ -80,11 +76,6 @@ class GroundedOFTHead(OFTHead):
         return add_grounding_losses(
             self.cfg, out, aux, batch, "l1_loss" if self.cfg.head_options.l1 else "mse"
         )
-
-    def sample(
-        self, backbone: Backbone, batch: Batch, noise: Tensor | None = None, **kwargs: Any
-    ) -> ActionOutput:
-        return ActionOutput(self.predict(backbone, batch))
 
     def predict_grounding(self, backbone: Backbone, batch: Batch) -> Tensor:
         """The grounding head's prediction, normalized units. -> fp32 [B, G]."""

@@ -47,11 +47,8 @@ class GroundedTokenHead(TokenHead):
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__(cfg)
-        g, w = cfg.grounding, cfg.vlm.width
-        self.grounding = GroundingHead(
-            w, cfg.num_cameras * cfg.vision.num_patches, g.points, g.key_dim, eps=cfg.vlm.norm_eps
-        )
-        self.state_proj = nn.Linear(cfg.state_dim + g.dim, w)
+        self.grounding = GroundingHead.from_config(cfg)
+        self.state_proj = nn.Linear(cfg.state_dim + cfg.grounding.dim, cfg.vlm.width)
 
     # ------------------------------------------------------------------ the two passes
 
