@@ -205,11 +205,18 @@ def cmd_train(args: argparse.Namespace) -> None:
 
     steps = args.steps or budget_steps(args.head)
     cfg = head_config(args.head, args.seed, steps, args.set)
-    out = Path(args.out or f"runs/heads/{args.head}_s{args.seed}")
+    name = f"{args.head}_{args.variant}_s{args.seed}" if args.variant else f"{args.head}_s{args.seed}"
+    out = Path(args.out or f"runs/heads/{name}")
+    res = load_results()
+    if out.name in res["runs"] and res["runs"][out.name].get("variant", "") != args.variant:
+        raise SystemExit(
+            f"{out.name} in {OUT} is variant {res['runs'][out.name].get('variant')!r}: pass --out"
+        )
     t0 = time.perf_counter()
     summary = Trainer(cfg, data_path=args.data, run_dir=out).fit()
     res = load_results()
-    res["runs"].setdefault(out.name, {}).update(
+    # A new training replaces the record: evaluations of an earlier model under this name are void.
+    res["runs"][out.name] = dict(
         head=args.head,
         variant=args.variant,
         seed=args.seed,

@@ -197,6 +197,7 @@ LAYERS = (
     {"data"},
     {"train", "infer"},
     {"sim", "diagnostics"},
+    {"rl"},
     {"labs"},
     {"apps"},
     {"commands"},

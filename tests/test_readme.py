@@ -73,6 +73,8 @@ RULES = (
     Rule(("vla", "data", "view")),
     Rule(("vla", "train"), append=MICRO),
     Rule(("vla", "train", "--config", "demo_tokens"), append=MICRO_TOKENS),
+    # One iteration of two rollouts of a few steps: the loop, the update and final/ all run.
+    Rule(("vla", "rl"), append=("rl.iterations=1", "rl.groups=1", "rl.group_size=2", "eval.max_steps=3")),
     Rule(("vla", "info")),
     Rule(("vla", "eval"), set_opts=(("--episodes", "2"), ("--workers", "0"), ("--videos", "0"))),
     Rule(("vla", "serve"), kind="serve", set_opts=(("--port", "0"),)),
@@ -179,7 +181,8 @@ def test_every_readme_command_is_covered(monkeypatch):
             except SystemExit:
                 pytest.fail(f"`{shlex.join(argv)}` does not parse as {args}")
             made_earlier = str(getattr(ns, "config", "") or "").startswith("runs/")  # by a README command
-            if hasattr(ns, "overrides") and not made_earlier:
+            # `vla rl` builds its config on the policy folder's, which a README command makes first.
+            if hasattr(ns, "overrides") and hasattr(ns, "preset") and not made_earlier:
                 config_from_args(ns)
     langs = {lang for lang, _ in readme_blocks()}
     assert langs <= {"bash", "python"}, f"unexpected code block languages {langs - {'bash', 'python'}}"

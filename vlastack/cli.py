@@ -18,6 +18,7 @@ MODULES = (
     "vlastack.commands.data",
     "vlastack.commands.sim",
     "vlastack.commands.train",
+    "vlastack.commands.rl",
     "vlastack.commands.infer",
     "vlastack.commands.imports",
     "vlastack.commands.diagnostics",

@@ -229,3 +229,29 @@ def test_parallel_decoding_overfits_with_l1_head():
     keep = (~b["action_is_pad"])[:, :, None] & b["action_dim_mask"][:, None]
     assert (actions - b["actions"]).abs()[keep].max() < 0.15
     assert valid.all()
+
+
+def test_fast_host_inputs_give_the_same_loss():
+    """FAST's BPE ids, computed before the step (``host_inputs``), give the loss computed inside."""
+    m, b = make(micro(tokenizer="fast", max_action_tokens=10))
+    extra = m.head.host_inputs(b)
+    assert set(extra) == {"action_token_ids", "action_token_weight"}
+    torch.manual_seed(0)
+    inside = m(b)["loss"]
+    torch.manual_seed(0)
+    before = m({**b, **extra})["loss"]
+    assert torch.equal(inside, before)
+    mb, bb = make(micro(tokenizer="bins"))
+    assert mb.head.host_inputs(bb) == {}  # bins tokenize in torch, inside the graph
+
+
+@pytest.mark.slow
+def test_fast_training_forward_compiles_fullgraph():
+    """With its host inputs, the FAST head's training forward is one graph (train.compile)."""
+    m, b = make(micro(tokenizer="fast", max_action_tokens=10))
+    b = {**b, **m.head.host_inputs(b)}
+    torch.manual_seed(0)
+    eager = m(b)["loss"]
+    compiled = torch.compile(m.forward, fullgraph=True, dynamic=False)
+    torch.manual_seed(0)
+    assert torch.allclose(compiled(b)["loss"], eager, atol=1e-5)

@@ -558,11 +558,74 @@ class EvalConfig:
 
 
 @dataclass(frozen=True)
+class RLConfig:
+    """``vla rl``: on-policy fine-tuning of a trained policy in simulation (vlastack/rl/, docs/rl.md).
+
+    GRPO as SimpleVLA-RL runs it: each iteration rolls out ``groups`` env seeds ``group_size``
+    times each with the policy sampling its action tokens at ``temperature`` (a flow head: its
+    denoising steps with ``flow_sigma`` noise, one "token" per step); an episode's reward
+    is the task's success (0/1); its advantage is the reward minus its group's mean over the
+    group's std; groups whose episodes all agree carry no signal and are dropped; the update is
+    ``epochs`` passes of the PPO-clip surrogate per token (clip-higher: ``clip_low``/``clip_high``),
+    plus ``kl_coef`` x the k3 KL to the starting policy."""
+
+    method: str = "grpo"
+    iterations: int = 20
+    groups: int = 8  # env seeds per iteration
+    group_size: int = 8  # rollouts per seed (GRPO's group)
+    tasks: tuple[str, ...] = ()  # empty = eval.tasks (every task of eval.suite)
+    env_seed: int = 3_000_000  # rollout seeds start here: disjoint from data (0..) and eval (1e6) seeds
+    temperature: float = 1.0  # token heads: sampling temperature of the rollouts (evaluation stays greedy)
+    # flow heads: std of the noise added at every denoising step, x sigma sqrt(|dt|) (Flow-Noise /
+    # ReinFlow); evaluation keeps the deterministic sampler
+    flow_sigma: float = 0.3
+    lr: float = 1.0e-5
+    weight_decay: float = 0.0
+    epochs: int = 1  # passes over an iteration's decisions
+    minibatch: int = 256  # decisions per gradient step
+    clip_low: float = 0.2
+    clip_high: float = 0.28  # DAPO's clip-higher: low-probability tokens may grow further
+    kl_coef: float = 0.0  # SimpleVLA-RL runs without; > 0 keeps a frozen copy of the start
+    max_grad_norm: float = 1.0
+    drop_uniform_groups: bool = True  # dynamic sampling: all-success / all-failure groups skipped
+    seed: int = 0  # the sampling noise (per iteration: resumes draw the same tokens)
+    num_threads: int = 0  # torch CPU threads; 0 = torch's default
+    save_every: int = 1  # iterations between checkpoints
+    keep_last: int = 2
+    # Greedy evaluation every eval_every iterations (0 = off) on eval_episodes validation seeds
+    # from eval_seed (spread over the tasks): the success curve; the test seeds stay for `vla eval`.
+    eval_every: int = 0
+    eval_episodes: int = 40
+    eval_seed: int = 2_000_000
+
+    def __post_init__(self) -> None:
+        _check(self.method == "grpo", "method", f"must be 'grpo', got {self.method!r}")
+        _check(self.flow_sigma > 0, "flow_sigma", f"must be > 0 (rollouts sample), got {self.flow_sigma}")
+        _positive(
+            self, "iterations", "groups", "group_size", "epochs", "minibatch", "save_every", "keep_last"
+        )
+        _check(self.group_size >= 2, "group_size", "GRPO compares rollouts of one seed: needs >= 2")
+        _check(self.temperature > 0, "temperature", f"must be > 0 (rollouts sample), got {self.temperature}")
+        _check(self.lr >= 0 and self.weight_decay >= 0, "lr", "lr and weight_decay must be >= 0")
+        _check(
+            0 <= self.clip_low < 1 and self.clip_high >= 0,
+            "clip_low",
+            "need 0 <= clip_low < 1, clip_high >= 0",
+        )
+        _check(self.kl_coef >= 0, "kl_coef", f"must be >= 0, got {self.kl_coef}")
+        _check(self.max_grad_norm > 0, "max_grad_norm", f"must be > 0, got {self.max_grad_norm}")
+        _check(self.num_threads >= 0, "num_threads", "must be >= 0 (0 = default)")
+        _check(self.eval_every >= 0, "eval_every", "must be >= 0 (0 = off)")
+        _positive(self, "eval_episodes")
+
+
+@dataclass(frozen=True)
 class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
+    rl: RLConfig = field(default_factory=RLConfig)
 
     def __post_init__(self) -> None:
         _check(

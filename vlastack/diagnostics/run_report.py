@@ -177,11 +177,12 @@ def html_report(
     config: Config | dict | None = None,
     timings: dict[str, float] | None = None,
     max_videos: int = MAX_VIDEOS,
+    charts: list[str] = (),
 ) -> Path:
     """Write one self-contained HTML page; returns its path. Every section is optional.
 
     ``cards``: headline figures (label -> value); ``metrics``: metrics.jsonl records; ``evals``:
-    policy name -> ``evaluate()`` result; ``timings``: name -> seconds."""
+    policy name -> ``evaluate()`` result; ``timings``: name -> seconds; ``charts``: more SVGs."""
     esc = html.escape
     parts = [f"<h1>{esc(title)}</h1>"]
     if intro:
@@ -192,7 +193,7 @@ def html_report(
             + "".join(f"<div class=card><b>{esc(v)}</b><span>{esc(k)}</span></div>" for k, v in cards.items())
             + "</div>"
         )
-    charts = loss_charts(metrics or [])
+    charts = [*charts, *loss_charts(metrics or [])]
     bars = success_chart(evals or {})
     if bars:
         charts.append(bars)
@@ -274,4 +275,47 @@ def run_report(run_dir: str | Path) -> Path:
     return html_report(
         run_dir / "report.html", "vla train", intro=str(run_dir), cards=cards, metrics=metrics,
         evals=evals, videos=videos, config=config, timings=timings,
+    )  # fmt: skip
+
+
+def rl_curve(rows: list[dict]) -> str:
+    """SVG: the rollouts' success per iteration (sampled, per task thin) and the greedy policy's
+    on the validation seeds where it was scored."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(5.5, 3.2))
+    its = [r["iteration"] + 1 for r in rows]
+    ax.plot(its, [r["success"] for r in rows], lw=1.6, label="rollouts (sampled)")
+    for t in sorted({t for r in rows for t in r.get("success_by_task", {})}):
+        pts = [
+            (r["iteration"] + 1, r["success_by_task"][t]) for r in rows if t in r.get("success_by_task", {})
+        ]
+        ax.plot(*zip(*pts, strict=True), lw=0.8, alpha=0.5, label=t)
+    val = [(r["iteration"] + 1, r["val_success"]) for r in rows if "val_success" in r]
+    if val:
+        ax.plot(*zip(*val, strict=True), "o-", color="k", lw=1.6, label="validation (greedy)")
+    ax.set(xlabel="iteration", ylabel="success", title="RL: success per iteration", ylim=(0, 1.05))
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    return _svg(fig)
+
+
+def rl_report(run_dir: str | Path) -> Path:
+    """``report.html`` of a ``vla rl`` run folder (metrics.jsonl, config.yaml)."""
+    from vlastack.train.logs import read_metrics
+
+    run_dir = Path(run_dir)
+    rows = [r for r in read_metrics(run_dir / "metrics.jsonl") if "iteration" in r]
+    cfg_path = run_dir / "config.yaml"
+    config = read_yaml(cfg_path) if cfg_path.exists() else None
+    cards = {"iterations": str(len(rows))}
+    if rows:
+        cards["CPU-hours"] = f"{rows[-1]['cpu_s'] / 3600:.2f}"
+        cards["rollouts"] = str(sum(r["episodes"] for r in rows))
+        cards["last rollout success"] = f"{rows[-1]['success']:.0%}"
+    val = [r for r in rows if "val_success" in r]
+    if val:
+        cards["last validation success"] = f"{val[-1]['val_success']:.0%}"
+    return html_report(
+        run_dir / "report.html", "vla rl", intro=str(run_dir), cards=cards, config=config,
+        charts=[rl_curve(rows)] if rows else [],
     )  # fmt: skip

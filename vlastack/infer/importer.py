@@ -18,7 +18,7 @@ from vlastack.config import Config, DataConfig, EvalConfig, NormConfig, TrainCon
 from vlastack.data.stats import NORM_STATS
 from vlastack.infer.preprocess import ACTION_KEY, STATE_KEY
 from vlastack.infer.readers import find_tokenizer, load_parts
-from vlastack.models.convert.lerobot import locate
+from vlastack.models.convert.locate import locate
 
 
 def import_checkpoint(

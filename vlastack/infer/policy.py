@@ -220,6 +220,8 @@ class Policy:
         return torch.autocast(self.device.type, dtype=torch.bfloat16)
 
     def _batch(self, obs_list: list[Obs]) -> dict[str, torch.Tensor]:
+        """Checked observations -> the model's input batch on ``self.device`` (what ``vla rl``
+        rebuilds for its update, as ``model_batch``)."""
         c = self.cfg
         if self.preprocess is not None:  # e.g. a LeRobot checkpoint's exact pipeline
             batch = self.preprocess.build_batch(obs_list, self.tokenizer)
@@ -255,10 +257,16 @@ class Policy:
             out, valid = self.serving.sample(batch, noise.to(self.device))
             # Token heads flag chunks whose tokens do not decode (e.g. a truncated FAST sequence).
             valid = None if valid is None else valid.cpu().numpy().astype(bool)
-            actions = out.float()[:, :, : self.action_dim].cpu().numpy()
-            actions = np.ascontiguousarray(self.normalizer.unnormalize(ACTION_KEY, actions), dtype=np.float32)
+            actions = self.to_env_actions(out)
             repeated = self.serving.after_sample(actions, valid)
         return actions, valid, repeated
+
+    model_batch = _batch
+
+    def to_env_actions(self, out: torch.Tensor) -> np.ndarray:
+        """The model's normalized actions [B, H, A] -> env units float32 [B, H, A_env]."""
+        actions = out.float()[:, :, : self.action_dim].cpu().numpy()
+        return np.ascontiguousarray(self.normalizer.unnormalize(ACTION_KEY, actions), dtype=np.float32)
 
     def _run_rtc(self, obs_list: list[Obs], noise: torch.Tensor | None = None) -> np.ndarray:
         """Observations with an ``action_prefix``, all with the same ``rtc_method`` -> env-unit

@@ -500,13 +500,13 @@ def _policy_cameras(spec: Any, suite: str) -> tuple[str, ...]:
 
 
 def _located(spec: Any):
-    """The checkpoint folder behind ``spec``, located (``convert.lerobot.locate``: the one format
+    """The checkpoint folder behind ``spec``, located (``convert.locate.locate``: the one format
     detection), or None: a baseline, a server, or a folder this evaluator does not load (it says
     so when it builds the policy)."""
     folder = _checkpoint_dir(spec)
     if folder is None or not (folder / "config.json").is_file():
         return None
-    from vlastack.models.convert.lerobot import locate
+    from vlastack.models.convert.locate import locate
 
     try:
         return locate(folder)

@@ -74,8 +74,11 @@ def train_step(
     params = [p for g in optimizer.param_groups for p in g["params"]]
     total = torch.zeros((), device=micro_batches[0]["state"].device)
     part_sums: dict[str, torch.Tensor] = {}
+    head = getattr(getattr(model, "module", model), "head", None)  # under DDP/FSDP: .module
     for i, mb in enumerate(micro_batches):
         kw = loss_kwargs[i] if loss_kwargs else {}
+        if head is not None and hasattr(head, "host_inputs"):
+            mb = {**mb, **head.host_inputs(mb)}  # eager, outside a compiled forward
         with no_grad_sync(model, skip=i < n - 1), autocast_ctx(device_type, precision):
             out = model(mb, **kw)
             loss = out["loss"] / n

@@ -1,5 +1,5 @@
 """One reader per policy-folder format, named for it, and ``load_parts``, which locates a folder
-once (``models.convert.lerobot.locate``: the folder resolved, its config.json read and its format
+once (``models.convert.locate.locate``: the folder resolved, its config.json read and its format
 detected) and hands it to its format's reader:
 
 - ``vlastack_folder.read``: a vlastack policy folder (trained here, or imported with LeRobot's
@@ -21,7 +21,7 @@ import torch
 
 from vlastack.infer.readers import lerobot_openpi, vlastack_folder
 from vlastack.infer.readers.common import Parts, find_tokenizer, lerobot_steps_per_chunk
-from vlastack.models.convert.lerobot import Checkpoint, hf_snapshot, locate
+from vlastack.models.convert.locate import Checkpoint, hf_snapshot, locate
 
 __all__ = ["Parts", "find_tokenizer", "lerobot_steps_per_chunk", "load_parts"]
 

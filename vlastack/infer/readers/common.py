@@ -11,7 +11,7 @@ import torch
 
 from vlastack.fileio import read_json
 from vlastack.infer.preprocess import Pipeline
-from vlastack.models.convert.lerobot import hf_snapshot
+from vlastack.models.convert.locate import hf_snapshot
 from vlastack.models.tokenizer import SentencePieceTokenizer, load_tokenizer
 
 PALIGEMMA_TOKENIZER = "google/paligemma-3b-pt-224"

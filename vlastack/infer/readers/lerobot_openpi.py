@@ -7,7 +7,8 @@ import torch
 
 from vlastack.infer.preprocess import Pipeline
 from vlastack.infer.readers.common import Parts, lerobot_steps_per_chunk, text_tokenizer
-from vlastack.models.convert.lerobot import Checkpoint, build_from_checkpoint, config_from_checkpoint
+from vlastack.models.convert.lerobot import build_from_checkpoint, config_from_checkpoint
+from vlastack.models.convert.locate import Checkpoint
 from vlastack.models.convert.pi0_fast import attach_tokenizers
 
 

@@ -9,7 +9,7 @@ import torch
 from vlastack.data.stats import NORM_STATS, load_normalizer
 from vlastack.infer.preprocess import PIPELINE_FILE, Pipeline
 from vlastack.infer.readers.common import Parts, text_tokenizer
-from vlastack.models.convert.lerobot import Checkpoint
+from vlastack.models.convert.locate import Checkpoint
 from vlastack.models.tokenizer import load_tokenizer
 
 

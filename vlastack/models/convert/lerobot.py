@@ -27,14 +27,11 @@ Loading is strict: a missing, unexpected or mis-shaped tensor is an error listin
 
 from __future__ import annotations
 
-import os
 import re
 import warnings
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, fields, replace
-from functools import cached_property
+from dataclasses import fields, replace
 from pathlib import Path
-from typing import Any
 
 import torch
 
@@ -50,7 +47,15 @@ from vlastack.config import (
     model_config_from_dict,
 )
 from vlastack.fileio import read_json
-from vlastack.models.convert.safetensors_io import TensorInfo, open_weights, read_folder_header, read_tensor
+from vlastack.models.convert.locate import (  # noqa: F401 - re-exported: the loaders' one entry point
+    Checkpoint,
+    find_fast_processor,
+    hf_cache_dir,
+    hf_snapshot,
+    locate,
+    resolve_checkpoint,
+)
+from vlastack.models.convert.safetensors_io import TensorInfo, open_weights, read_tensor
 
 # openpi gemma.py variants: what the tensors cannot tell (heads) plus defaults for the rest.
 GEMMA_VARIANTS = {
@@ -139,99 +144,6 @@ def ours_to_checkpoint(key: str) -> str | None:
     return f"{m[1]}.{m[2]}" if m else None
 
 
-# ----------------------------------------------------------------------------- finding checkpoints
-
-
-def hf_cache_dir() -> Path:
-    if os.environ.get("HF_HUB_CACHE"):
-        return Path(os.environ["HF_HUB_CACHE"])
-    home = Path(os.environ.get("HF_HOME", Path.home() / ".cache" / "huggingface"))
-    return home / "hub"
-
-
-def hf_snapshot(repo_id: str) -> Path | None:
-    """The local snapshot of ``owner/name`` in the Hugging Face cache (offline), or None."""
-    repo = hf_cache_dir() / ("models--" + repo_id.replace("/", "--"))
-    snaps = repo / "snapshots"
-    if not snaps.is_dir():
-        return None
-    ref = repo / "refs" / "main"
-    if ref.is_file() and (snaps / ref.read_text().strip()).is_dir():
-        return snaps / ref.read_text().strip()
-    found = sorted(snaps.iterdir(), key=lambda p: p.stat().st_mtime)
-    return found[-1] if found else None
-
-
-def resolve_checkpoint(spec: str | Path) -> Path:
-    """A folder, a folder holding ``pretrained_model/``, or a Hub id already in the local cache."""
-    path = Path(spec).expanduser()
-    if not path.exists() and isinstance(spec, str) and re.fullmatch(r"[\w.-]+/[\w.-]+", spec):
-        snap = hf_snapshot(spec)
-        if snap is None:
-            raise ValueError(
-                f"{spec!r} is neither a folder nor in the local Hugging Face cache ({hf_cache_dir()}); "
-                f"nothing is downloaded: fetch it first (huggingface-cli download {spec})"
-            )
-        path = snap
-    if not path.is_dir():
-        raise ValueError(f"checkpoint folder {path} does not exist")
-    if not (path / "config.json").exists() and (path / "pretrained_model" / "config.json").exists():
-        path = path / "pretrained_model"
-    return path
-
-
-@dataclass
-class Checkpoint:
-    """A located policy folder: its format and ``config.json`` (``meta``), read once by ``locate``;
-    the safetensors ``header`` and (pi0_fast) the FAST processor are read on first use and kept, so
-    the config, the weights and the tokenizers of one load share a single read of each file."""
-
-    folder: Path
-    fmt: str  # "vlastack" | "lerobot" | "openpi"
-    meta: dict
-
-    @cached_property
-    def header(self) -> dict[str, TensorInfo]:
-        return read_folder_header(self.folder)
-
-    @cached_property
-    def fast(self) -> tuple[Path, dict, Any]:
-        """pi0_fast: (processor folder, its ``processor_config.json``, the BPE ``tokenizers.Tokenizer``)."""
-        from tokenizers import Tokenizer
-
-        proc = find_fast_processor(self.folder, self.meta)
-        return (
-            proc,
-            read_json(proc / "processor_config.json"),
-            Tokenizer.from_file(str(proc / "tokenizer.json")),
-        )
-
-
-def locate(spec: str | Path | Checkpoint) -> Checkpoint:
-    """A folder, its ``pretrained_model/`` parent or a cached Hub id -> ``Checkpoint``; a
-    ValueError naming what is missing or unsupported."""
-    if isinstance(spec, Checkpoint):
-        return spec
-    folder = resolve_checkpoint(spec)
-    cfg_file = folder / "config.json"
-    if not cfg_file.exists():
-        raise ValueError(f"{folder}: missing config.json (not a vlastack, LeRobot or openpi checkpoint)")
-    meta = read_json(cfg_file)
-    return Checkpoint(folder, _format(folder, meta), meta)
-
-
-def _format(folder: Path, cfg: dict) -> str:
-    if "model" in cfg and isinstance(cfg["model"], dict):
-        return "vlastack"
-    if cfg.get("type") in ("pi0", "pi05", "pi0_fast"):
-        return "lerobot"
-    if cfg.get("type") is not None:
-        raise ValueError(f"{folder}: LeRobot policy type {cfg['type']!r}; supported: pi0, pi05, pi0_fast")
-    if "paligemma_variant" in cfg or "action_expert_variant" in cfg:
-        return "openpi"
-    raise ValueError(f"{folder}/config.json: neither a vlastack, a LeRobot pi0/pi05 nor an openpi config")
-
-
 def checkpoint_kind(header: dict[str, TensorInfo]) -> str:
     """pi05 has ``time_mlp_in`` and adaptive expert norms; pi0 has ``state_proj``."""
     keys = {canonical_key(k) for k in header}
@@ -279,7 +191,7 @@ def config_from_checkpoint(
     ckpt: str | Path | Checkpoint, overrides: list[str] | tuple[str, ...] = ()
 ) -> tuple[ModelConfig, str, dict]:
     """-> (our model config, "pi0" | "pi05" | "pi0_fast", the checkpoint's config.json)."""
-    ckpt = locate(ckpt)
+    ckpt = ckpt if isinstance(ckpt, Checkpoint) else locate(ckpt)  # located already: no trip back
     if ckpt.fmt not in EXTERNAL:
         raise ValueError(f"{ckpt.folder} is a {ckpt.fmt} folder, not a LeRobot or openpi checkpoint")
     folder, header, meta = ckpt.folder, ckpt.header, ckpt.meta
@@ -449,25 +361,6 @@ def _pi0_fast_config(
         image_resize="pad",  # openpi/LeRobot resize_with_pad, also when fine-tuning it
         max_text_len=meta.get("tokenizer_max_length", 200),
         tokenizer=str(folder),
-    )
-
-
-def find_fast_processor(folder: str | Path, meta: dict) -> Path:
-    """The FAST action tokenizer of a pi0_fast checkpoint (``processor_config.json`` +
-    ``tokenizer.json``): ``<folder>/fast_tokenizer/``, else ``action_tokenizer_name`` as a folder,
-    else its snapshot in the local Hugging Face cache. Nothing is downloaded."""
-    folder = Path(folder)
-    name = meta.get("action_tokenizer_name") or "lerobot/fast-action-tokenizer"
-    candidates = [folder / "fast_tokenizer", Path(name).expanduser()]
-    if re.fullmatch(r"[\w.-]+/[\w.-]+", name) and hf_snapshot(name) is not None:
-        candidates.append(hf_snapshot(name))
-    for c in candidates:
-        if (c / "processor_config.json").is_file() and (c / "tokenizer.json").is_file():
-            return c
-    raise ValueError(
-        f"{folder}: no FAST action tokenizer (processor_config.json + tokenizer.json) in "
-        f"{folder / 'fast_tokenizer'} nor in the local Hugging Face cache of {name!r}; copy it there "
-        f"(`huggingface-cli download {name} --local-dir {folder / 'fast_tokenizer'}`)"
     )
 
 

@@ -6,7 +6,7 @@ PaliGemma id ``vocab_size - 1 - fast_skip_tokens - k`` (the top ``fast_skip_toke
 ``<seg>`` tokens, are skipped): ``TokenPlacement("skip_special")`` with those ids as the specials.
 The FAST tokenizer itself is the physical-intelligence processor (``PiFastTokenizer``).
 
-    ckpt = locate(folder)                                   # convert/lerobot.py
+    ckpt = locate(folder)                                   # convert/locate.py
     model, kind, meta = load_checkpoint(ckpt)
     attach_tokenizers(model, ckpt, text_tokenizer)          # the head can now decode
 """
@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from vlastack.models.action_tokens import PiFastTokenizer, TokenPlacement
-from vlastack.models.convert.lerobot import Checkpoint
+from vlastack.models.convert.locate import Checkpoint
 
 ACTION_PREFIX = "Action: "
 END_PIECE = "|"

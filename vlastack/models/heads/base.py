@@ -128,6 +128,11 @@ class HeadBase(nn.Module):
     ) -> dict | None:
         return None
 
+    def host_inputs(self, batch: Batch) -> dict[str, Tensor]:
+        """Loss inputs the head computes on the host (numpy, a tokenizer library) before the
+        training step, so a compiled step (``train.compile``, fullgraph) never meets them."""
+        return {}
+
     def compile_decoding(self, **kwargs: Any) -> None:
         # A head without a compilable decode step says so: Policy(compile=True) must never be a
         # silent no-op (issue #36).

@@ -334,6 +334,8 @@ class TokenHead(HeadBase):
         acts = torch.where(dim_mask[:, None, :], batch["actions"].float(), 0.0)
         acts = hold_last_step(acts, is_pad)[:, :, :ad]
         acts = acts.clamp(-1, 1) if tok.clip_output else acts  # pi0-FAST (MEAN_STD) is not clipped
+        if "action_token_ids" in batch:  # FAST's BPE ran before the step (host_inputs)
+            return batch["action_token_ids"], batch["action_token_weight"], acts
         b = is_pad.shape[0]
         if tok.fixed_length is not None:  # bins, in torch (same formula as BinTokenizer, fp64)
             nb = tok.num_bins
@@ -352,6 +354,14 @@ class TokenHead(HeadBase):
             ids[i, :n] = torch.from_numpy(s[:n])
             weight[i, : n + 1 if len(s) < length else n] = 1.0
         return ids.to(acts.device), weight.to(acts.device), acts
+
+    def host_inputs(self, batch: Batch) -> dict[str, Tensor]:
+        """FAST: the BPE token ids and loss weights of the batch's chunks [B, L] (the tokenizer
+        runs in numpy, which a fullgraph-compiled step cannot hold); bins need nothing."""
+        if self.tokenizer.fixed_length is not None or "action_token_ids" in batch:
+            return {}
+        ids, weight, _ = self.targets(batch)
+        return {"action_token_ids": ids, "action_token_weight": weight}
 
     def _run(self, backbone: Backbone, batch: Batch, actions_in: Tensor, causal: bool) -> Tensor:
         """Prompt + action-position inputs [B, T, W] through the LM -> hidden [B, T + 1, W] from

@@ -1,0 +1,196 @@
+"""RL fine-tuning against more imitation at equal CPU-hours (issue #69; docs/rl.md).
+
+    # 1. RL from a trained policy (vla rl), its CPU seconds in metrics.jsonl
+    vla rl --policy runs/heads/fast_nobpe_h4_sigma2_s2/final --ema --out runs/rl/fast_s2_grpo \
+        rl.iterations=60 rl.groups=6 rl.group_size=8 'rl.tasks=[push,pick_place,stack]' ...
+    # 2. the honest baseline: the same start trained further by imitation, on new expert episodes,
+    #    for about the same CPU-hours (this wrapper measures them)
+    python bench/rl.py imitate --start runs/heads/fast_nobpe_h4_sigma2_s2/final/ema \
+        --data runs/more_data --out runs/rl/fast_s2_imitation --steps 5000
+    # 3. all three on the test seeds (1e6.., the heads bench's, never seen in tuning), paired by seed
+    python bench/rl.py record --name fast_s2 --start runs/heads/fast_nobpe_h4_sigma2_s2/final/ema \
+        --rl runs/rl/fast_s2_grpo --baseline runs/rl/fast_s2_imitation --episodes 400
+
+Everything lands in bench/results/rl.json, one record per name: the start, the method and its
+settings, CPU-hours, rollouts, the success curve (rollouts, and the greedy policy on validation
+seeds), the test success of start / RL / baseline with Wilson intervals, and RL minus baseline
+paired by seed with a 95% interval.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import math
+import resource
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from bench.common import environment  # noqa: E402
+from vlastack.labs._core import cpu_flags  # noqa: E402
+
+RESULTS = ROOT / "bench" / "results" / "rl.json"
+TEST_SEED = 1_000_000
+
+
+def cmd_imitate(args: argparse.Namespace) -> None:
+    """``vla train`` from --start on --data with the start's recipe, its statistics kept; the
+    child's CPU seconds go to <out>/cpu.json."""
+    start = Path(args.start)
+    cmd = [sys.executable, "-m", "vlastack.cli", "train", "--config", str(start / "config.yaml"),
+           "--data", args.data, "--out", args.out, f"train.init_from={start}", "data.norm_stats=init_from",
+           f"train.steps={args.steps}", f"train.lr={args.lr}", "train.warmup_steps=100",
+           f"train.num_threads={args.threads}", "train.eval_every=0", *args.overrides]  # fmt: skip
+    print("$", " ".join(cmd), flush=True)
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    rc = subprocess.call(cmd)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    Path(args.out, "cpu.json").write_text(
+        json.dumps({"cpu_s": round(cpu, 1), "rc": rc, "argv": cmd[3:]}) + "\n"
+    )
+    print(f"imitation: {cpu / 3600:.2f} CPU-h (rc {rc})")
+    raise SystemExit(rc)
+
+
+def _score(policy: Path, episodes: int, out: Path) -> dict:
+    """The greedy policy on the test seeds, as bench/heads.py scores heads (re-planning as its
+    config says); kept in ``out`` and reused."""
+    from vlastack.config import load_yaml
+    from vlastack.sim.evaluate import evaluate
+
+    done = out / "eval.json"
+    if done.exists():
+        res = json.loads(done.read_text())
+        if res["config"]["episodes"] == episodes and res["config"]["seed"] == TEST_SEED:
+            return res
+    cfg = load_yaml(policy / "config.yaml")
+    return evaluate(str(policy), cfg.eval, suite="builtin", episodes=episodes, seed=TEST_SEED,
+                    seed_scheme="spread", num_workers=2, temporal_ensemble=0.0, videos=0,
+                    cameras=cfg.model.camera_names, out_dir=out)  # fmt: skip
+
+
+def _ema(policy: Path) -> Path:
+    return policy / "ema" if (policy / "ema").is_dir() else policy
+
+
+def _summary(res: dict) -> dict:
+    o = res["overall"]
+    return {"mean_task_success": res["mean_task_success"], "success": o["success_rate"], "ci95": o["ci95"],
+            "n": o["n"], "tasks": {t: {"success": v["success_rate"], "ci95": v["ci95"], "n": v["n"]}
+                                   for t, v in res["tasks"].items()}}  # fmt: skip
+
+
+def paired(a: dict, b: dict) -> dict:
+    """Success of ``a`` minus ``b`` on the same seeds: mean difference and its 95% interval (normal
+    approximation over the per-seed differences), and the discordant pairs (McNemar)."""
+    sa = {e["seed"]: float(e["success"]) for e in a["episodes"]}
+    sb = {e["seed"]: float(e["success"]) for e in b["episodes"]}
+    seeds = sorted(set(sa) & set(sb))
+    d = [sa[s] - sb[s] for s in seeds]
+    n = len(d)
+    mean = sum(d) / n
+    sd = math.sqrt(sum((x - mean) ** 2 for x in d) / max(n - 1, 1))
+    half = 1.96 * sd / math.sqrt(n)
+    return {"n": n, "difference": round(mean, 4), "ci95": [round(mean - half, 4), round(mean + half, 4)],
+            "only_first": sum(x > 0 for x in d), "only_second": sum(x < 0 for x in d)}  # fmt: skip
+
+
+def cmd_record(args: argparse.Namespace) -> None:
+    from vlastack.config import load_yaml
+
+    rl_run, base_run, start = Path(args.rl), Path(args.baseline), Path(args.start)
+    rows = [json.loads(x) for x in (rl_run / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    cfg = load_yaml(rl_run / "config.yaml")
+    evals = {
+        "start": _score(start, args.episodes, rl_run / "eval_start"),
+        "rl": _score(rl_run / "final", args.episodes, rl_run / "eval_test"),
+        # its EMA weights where it kept them, as bench/heads.py scores every trained head
+        "imitation": _score(_ema(base_run / "final"), args.episodes, base_run / "eval_test"),
+    }
+    base_cpu = json.loads((base_run / "cpu.json").read_text())
+    record = {
+        "date": datetime.date.today().isoformat(),
+        "environment": environment(),
+        "cpu_flags": cpu_flags(),
+        "start": str(start),
+        "method": cfg.rl.method,
+        "rl": {k: v for k, v in vars(cfg.rl).items()},
+        "rl_cpu_h": round(rows[-1]["cpu_s"] / 3600, 3),
+        "iterations": len(rows),
+        "rollout_episodes": sum(r["episodes"] for r in rows),
+        "curve": [
+            {
+                k: r[k]
+                for k in (
+                    "iteration",
+                    "success",
+                    "success_by_task",
+                    "informative_groups",
+                    "val_success",
+                    "val_by_task",
+                )
+                if k in r
+            }
+            for r in rows
+        ],
+        "imitation": {
+            "run": str(base_run),
+            "cpu_h": round(base_cpu["cpu_s"] / 3600, 3),
+            "argv": base_cpu["argv"],
+        },
+        "test": {"seed": TEST_SEED, "episodes": args.episodes, **{k: _summary(v) for k, v in evals.items()}},
+        "rl_minus_imitation": paired(evals["rl"], evals["imitation"]),
+        "rl_minus_start": paired(evals["rl"], evals["start"]),
+    }
+    if args.start_val:  # the start's greedy score on the same validation seeds as the curve
+        record["validation_start"] = json.loads(Path(args.start_val).read_text())
+    if args.note:
+        record["note"] = args.note
+    data = json.loads(RESULTS.read_text()) if RESULTS.exists() else {"runs": {}}
+    data["runs"][args.name] = record
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    RESULTS.write_text(json.dumps(data, indent=1, default=str) + "\n")
+    t = record["test"]
+    for k in ("start", "rl", "imitation"):
+        lo, hi = t[k]["ci95"]
+        tasks = ", ".join(f"{n} {v['success']:.2f}" for n, v in t[k]["tasks"].items())
+        print(f"{k:10s} {t[k]['success']:.3f} [{lo:.3f}, {hi:.3f}]  ({tasks})")
+    p = record["rl_minus_imitation"]
+    print(f"rl - imitation: {p['difference']:+.3f} {p['ci95']} (paired over {p['n']} seeds); "
+          f"CPU-h rl {record['rl_cpu_h']}, imitation {record['imitation']['cpu_h']}")  # fmt: skip
+    print(f"wrote {RESULTS}")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="cmd", required=True)
+    m = sub.add_parser("imitate", help="the equal-compute imitation baseline")
+    m.add_argument("--start", required=True, help="the policy folder RL starts from")
+    m.add_argument("--data", required=True, help="new expert episodes")
+    m.add_argument("--out", required=True)
+    m.add_argument("--steps", type=int, required=True)
+    m.add_argument("--lr", type=float, default=3e-4)
+    m.add_argument("--threads", type=int, default=1)
+    m.add_argument("overrides", nargs="*")
+    m.set_defaults(func=cmd_imitate)
+    r = sub.add_parser("record", help="score start / RL / imitation on the test seeds -> rl.json")
+    r.add_argument("--name", required=True)
+    r.add_argument("--start", required=True)
+    r.add_argument("--rl", required=True)
+    r.add_argument("--baseline", required=True)
+    r.add_argument("--episodes", type=int, default=400)
+    r.add_argument("--start-val", default=None, help="JSON: the start on the validation seeds")
+    r.add_argument("--note", default="", help="what the run tried, in words")
+    r.set_defaults(func=cmd_record)
+    args = p.parse_args()
+    args.func(args)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,212 @@
+"""``vla rl`` (GRPO on action tokens): the log-probabilities are those of the distribution the
+decoder sampled from, the advantages and the clipped loss are GRPO's, and a run resumed from its
+checkpoint ends bit-identical to an uninterrupted one."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import replace
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+import vlastack.rl.runner as runner
+from tests.models.test_token_head import make, micro, train
+from vlastack.batch import dummy_batch
+from vlastack.config import ConfigError, load_config, save_yaml
+from vlastack.models import build_model
+from vlastack.rl.flow import flow_logprobs, flow_sample
+from vlastack.rl.grpo import clipped_loss, group_advantages, sampled_logits, token_logprobs
+from vlastack.rl.runner import RLRun, rl_config
+
+
+@pytest.fixture(scope="module", params=["fast", "bins"])
+def trained(request):
+    kw = {"max_action_tokens": 10} if request.param == "fast" else {}
+    m, b = make(micro(tokenizer=request.param, **kw))
+    train(m, b, 30, 1e-2)
+    return m.eval(), b
+
+
+def test_greedy_tokens_are_the_argmax_of_the_sampled_logits(trained):
+    """The teacher-forced pass with pick's restrictions (FAST: pieces that still fit, the end id
+    exactly when the chunk is full) reproduces the cached decoder's choices at every position."""
+    m, b = trained
+    with torch.no_grad():
+        ids, _ = m.head.generate(m, b)
+        logits, mask = sampled_logits(m, b, ids)
+    assert mask[:, 0].all()
+    assert torch.equal(logits.argmax(-1)[mask], ids[mask])
+    logp, _ = token_logprobs(m, b, ids, 1.0)
+    assert torch.isfinite(logp).all() and (logp[~mask] == 0).all()
+
+
+def test_logprobs_match_the_sampling_frequencies(trained):
+    """Samples at temperature 1.5 of the first two tokens, counted, against exp(logp)."""
+    m, b = trained
+    n = 3000
+    big = {k: v[:1].expand(n, *v.shape[1:]).contiguous() for k, v in b.items()}
+    with torch.no_grad():
+        ids, _ = m.head.generate(m, big, temperature=1.5, generator=torch.Generator().manual_seed(0))
+        logp, _ = token_logprobs(m, big, ids, 1.5)
+    for pos in range(2):
+        prefix = ids[:, :pos]
+        # condition on the most common prefix (position 0: none)
+        rows = torch.ones(n, dtype=torch.bool)
+        if pos:
+            common = torch.mode(prefix[:, 0]).values
+            rows = prefix[:, 0] == common
+        got = ids[rows, pos]
+        vals, counts = got.unique(return_counts=True)
+        freq = counts.float() / rows.sum()
+        first = {
+            int(t): float(lp) for t, lp in zip(got.tolist(), logp[rows, pos].exp().tolist(), strict=True)
+        }
+        prob = torch.tensor([first[int(v)] for v in vals])
+        assert 0.5 * (freq - prob).abs().sum() + 0.5 * (1 - prob.sum()) < 0.06, (pos, freq, prob)
+
+
+def test_group_advantages():
+    r = torch.tensor([1.0, 0.0, 0.0, 0.0, 1.0, 1.0, 0.0, 1.0])
+    g = torch.tensor([0, 0, 0, 0, 1, 1, 2, 2])
+    adv, informative = group_advantages(r, g)
+    assert informative.tolist() == [True] * 4 + [False, False, True, True]
+    assert torch.allclose(adv[:4], torch.tensor([3.0, -1.0, -1.0, -1.0]) / 3**0.5, atol=1e-4)
+    assert adv[4:6].eq(0).all() and torch.allclose(adv[6:], torch.tensor([-1.0, 1.0]), atol=1e-4)
+
+
+def test_clipped_loss_is_the_policy_gradient_until_clipped():
+    logp = torch.log(torch.tensor([[0.5, 0.2], [0.3, 0.9]])).requires_grad_()
+    mask = torch.tensor([[True, True], [True, False]])
+    adv = torch.tensor([1.0, -2.0])
+    loss, st = clipped_loss(logp, logp.detach(), adv, mask, 0.2, 0.28)
+    loss.backward()
+    # ratio 1: d loss / d logp = -A / (sampled tokens), and 0 where nothing was sampled
+    assert torch.allclose(logp.grad, torch.tensor([[-1.0, -1.0], [2.0, 0.0]]) / 3)
+    assert st["clip_fraction"] == 0 and st["ratio_dev"] == 0
+    # a token whose ratio passed 1 + clip_high with a positive advantage gets no gradient
+    new = (logp.detach() + torch.tensor([[0.5, 0.0], [0.0, 0.0]])).requires_grad_()
+    loss, st = clipped_loss(new, logp.detach(), adv, mask, 0.2, 0.28)
+    loss.backward()
+    assert new.grad[0, 0] == 0 and new.grad[0, 1] != 0 and st["clip_fraction"] > 0
+    ref = logp.detach() - 0.1
+    _, st = clipped_loss(logp.detach(), logp.detach(), adv, mask, 0.2, 0.28, ref, 0.1)
+    assert st["kl"] > 0
+
+
+def test_config_checks():
+    for bad in ("rl.group_size=1", "rl.temperature=0", "rl.method=ppo", "rl.clip_low=1.5", "rl.iterations=0"):
+        with pytest.raises(ConfigError):
+            load_config("tiny", None, [bad])
+
+
+# ----------------------------------------------------------------------------- the loop
+
+
+@pytest.fixture(params=["tokens", "flow"])
+def rl_policy(request, tmp_path):
+    """A micro policy for the built-in suite (state 5, action 4), identity statistics: bins tokens,
+    or the tiny flow head cut to one layer per part."""
+    if request.param == "tokens":
+        mcfg = replace(micro(tokenizer="bins"), state_dim=5, action_dim=4, camera_names=("scene",))
+        m, _ = make(mcfg)
+    else:
+        over = ["model.vision.depth=1", "model.vlm.depth=1", "model.expert.depth=1", "model.vision.patch_size=16",
+                "model.head_options.num_denoise_steps=3", "model.state_dim=5", "model.action_dim=4",
+                "model.camera_names=[scene]"]  # fmt: skip
+        mcfg = load_config("tiny", None, over).model
+        torch.manual_seed(0)
+        m = build_model(mcfg)
+    path = tmp_path / "policy"
+    m.save_pretrained(path)
+    cfg = load_config("tiny")
+    cfg = replace(cfg, model=mcfg, eval=replace(cfg.eval, steps_per_chunk=2, max_steps=6))
+    save_yaml(cfg, path / "config.yaml")
+    return path
+
+
+def _reward_from_samples(monkeypatch):
+    """Success = the parity of a number read off the episode's first sample (the sum of its token
+    ids, or of its trajectory x 1000): a reward that depends on what was sampled (so groups
+    disagree and the update runs) and costs no real task."""
+    real = runner.collect
+
+    def collect(*a, **kw):
+        ro = real(*a, **kw)
+        first = {}
+        for d in ro.decisions:
+            total = float(d.sample.double().sum())
+            first.setdefault(
+                d.episode, int(abs(total) * 1000) if d.sample.is_floating_point() else int(total)
+            )
+        for i, ep in enumerate(ro.episodes):
+            ep["success"] = first[i] % 2 == 0
+        return ro
+
+    monkeypatch.setattr(runner, "collect", collect)
+
+
+def _run(policy, out, iterations, resume=False):
+    over = [f"rl.iterations={iterations}", "rl.groups=2", "rl.group_size=3", "rl.minibatch=16",
+            "rl.epochs=2", "rl.lr=1e-3", "rl.kl_coef=0.1", "rl.tasks=[reach,push]", "rl.eval_every=2",
+            "rl.eval_episodes=2"]  # fmt: skip
+    return RLRun(policy, rl_config(policy, over), out, resume=resume).fit()
+
+
+def test_resume_equals_uninterrupted(rl_policy, tmp_path, monkeypatch):
+    _reward_from_samples(monkeypatch)
+    _run(rl_policy, tmp_path / "a", 2)
+    _run(rl_policy, tmp_path / "b", 1)
+    _run(rl_policy, tmp_path / "b", 2, resume=True)
+    wa, wb = (load_file(tmp_path / r / "final" / "model.safetensors") for r in ("a", "b"))
+    assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
+    w0 = load_file(rl_policy / "model.safetensors")
+    assert any(not torch.equal(w0[k], wa[k]) for k in wa)  # it did learn something
+
+    def rows(r):
+        out = [json.loads(x) for x in (tmp_path / r / "metrics.jsonl").read_text().splitlines()]
+        return [{k: v for k, v in x.items() if not k.endswith("_s")} for x in out]
+
+    assert rows("a") == rows("b") and [r["iteration"] for r in rows("a")] == [0, 1]
+    assert "val_success" in rows("a")[1] and set(rows("a")[1]["val_by_task"]) == {"reach", "push"}
+    assert rows("a")[0]["decisions_used"] > 0 and rows("a")[0]["ratio_dev"] > 0  # epoch 2 moved it
+    assert not (tmp_path / "a" / "final" / "train_state").exists()
+    assert "RL: success per iteration" in (tmp_path / "a" / "report.html").read_text()
+    assert (tmp_path / "a" / "checkpoints" / "step_0000002" / "train_state").is_dir()
+
+
+def test_refuses_heads_it_cannot_train(tmp_path):
+    cfg = load_config("tiny", None, ["model.head=oft"])
+    build_model(cfg.model).save_pretrained(tmp_path / "oft")
+    save_yaml(cfg, tmp_path / "oft" / "config.yaml")
+    with pytest.raises(ValueError, match="samples no per-token or per-step distribution"):
+        RLRun(tmp_path / "oft", rl_config(tmp_path / "oft", []), tmp_path / "out")
+
+
+def test_flow_logprobs_are_those_of_the_noisy_sampler():
+    """The batched uncached pass gives each step's Gaussian log-density of what the cached noisy
+    sampler drew: the standardized residual is exactly the noise it added."""
+    over = [
+        "model.vision.depth=1",
+        "model.vlm.depth=1",
+        "model.expert.depth=1",
+        "model.head_options.noise_scale=1.0",
+    ]
+    cfg = load_config("tiny", None, over).model
+    torch.manual_seed(0)
+    m = build_model(cfg).eval()
+    b = dummy_batch(cfg, 3)
+    sigma, n = 0.3, cfg.head_options.num_denoise_steps
+    with torch.no_grad():
+        _, traj = flow_sample(m, b, sigma, torch.Generator().manual_seed(1))
+        logp, mask = flow_logprobs(m, b, traj, sigma, real_dims=cfg.action_dim)
+    g = torch.Generator().manual_seed(1)
+    shape = traj[:, 0].shape
+    torch.randn(shape, generator=g)  # x_0
+    eps = torch.stack([torch.randn(shape, generator=g) for _ in range(n)], dim=1)  # [B, n, H, A]
+    std = sigma * (1.0 / n) ** 0.5
+    want = (-0.5 * eps.pow(2) - math.log(std) - 0.5 * math.log(2 * math.pi)).sum((-1, -2))
+    assert mask.all() and logp.shape == (3, n)
+    assert torch.allclose(logp, want, atol=1e-3, rtol=1e-4), (logp - want).abs().max()

@@ -1,0 +1,110 @@
+"""Rollouts for on-policy RL: episodes side by side, one batched forward pass per step for every
+episode that needs a chunk, the head *sampling* its action tokens; every decision is kept (the
+observation and the tokens it drew) for the update.
+
+The loop is ``sim.evaluate.run_lockstep``'s, with the head's sampler called through ``draw``, so
+that what was sampled (a token head's ids, a flow head's denoising trajectory) comes back with the
+actions. Episodes of one GRPO group start from the same seed (the same initial scene) and differ
+only by what the policy sampled.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from vlastack.infer.chunking import ActionChunker
+from vlastack.infer.obs import Obs
+from vlastack.sim.env import make_env
+
+
+@dataclass
+class Decision:
+    """One query of the policy: the checked observation, what it sampled (``draw``'s second output
+    for one row: LM ids int64 [L], or a denoising trajectory fp32 [n + 1, H, A]), and the episode
+    (index into the rollout's episode list) it belongs to."""
+
+    obs: Obs
+    sample: torch.Tensor
+    episode: int
+
+
+@dataclass
+class Rollout:
+    episodes: list[dict[str, Any]] = field(default_factory=list)  # task, seed, group, success, steps
+    decisions: list[Decision] = field(default_factory=list)
+    invalid_chunks: int = 0
+
+
+class EnvPool:
+    """Envs kept across iterations (building a MuJoCo scene costs more than resetting it), one
+    list per task, grown on demand."""
+
+    def __init__(self, env_kw: dict[str, Any]) -> None:
+        self.env_kw = env_kw
+        self.envs: dict[str, list] = {}
+
+    def take(self, tasks: list[str]) -> list:
+        """One env per entry of ``tasks`` (the same task twice: two envs)."""
+        out, used = [], {}
+        for t in tasks:
+            pool = self.envs.setdefault(t, [])
+            i = used[t] = used.get(t, -1) + 1
+            if i == len(pool):
+                pool.append(make_env(t, **self.env_kw))
+            out.append(pool[i])
+        return out
+
+    def close(self) -> None:
+        for pool in self.envs.values():
+            for env in pool:
+                env.close()
+        self.envs.clear()
+
+
+@torch.no_grad()
+def collect(
+    policy: Any,
+    pool: EnvPool,
+    jobs: list[tuple[str, int, int]],
+    steps_per_chunk: int,
+    draw: Callable[[dict], tuple[torch.Tensor, torch.Tensor, torch.Tensor]],
+    on_episode: Any = None,
+) -> Rollout:
+    """Run ``jobs`` ((task, seed, group) each) to the end, side by side. ``draw(batch)`` samples
+    the policy -> (normalized actions [B, H, A], what was sampled [B, ...], valid bool [B]).
+    -> the episodes (in ``jobs`` order) and every decision. ``on_episode(record)`` after each
+    finished episode (a progress bar)."""
+    envs = pool.take([t for t, _, _ in jobs])
+    out = Rollout()
+    runs = []
+    for i, (env, (task, seed, group)) in enumerate(zip(envs, jobs, strict=True)):
+        obs, _ = env.reset(seed=seed)
+        out.episodes.append({"task": task, "seed": seed, "group": group, "success": False, "steps": 0})
+        runs.append({"i": i, "env": env, "obs": obs, "t": 0, "done": False,
+                     "chunker": ActionChunker(steps_per_chunk)})  # fmt: skip
+    while active := [r for r in runs if not r["done"]]:
+        asking = [r for r in active if r["chunker"].needs_chunk()]
+        if asking:
+            checked = [policy.check(r["obs"]) for r in asking]
+            batch = policy.model_batch(checked)
+            normalized, sampled, valid = draw(batch)
+            actions = policy.to_env_actions(normalized)
+            out.invalid_chunks += int((~valid).sum())
+            for k, r in enumerate(asking):
+                r["chunker"].add(actions[k])
+                out.decisions.append(Decision(checked[k], sampled[k].cpu(), r["i"]))
+        for r in active:
+            obs, _, terminated, truncated, info = r["env"].step(r["chunker"].next_action().astype(np.float32))
+            r["obs"], r["t"] = obs, r["t"] + 1
+            if terminated or truncated:
+                r["done"] = True
+                ep = out.episodes[r["i"]]
+                ep.update(success=bool(info.get("success", terminated)), steps=r["t"])
+                if on_episode is not None:
+                    on_episode(ep)
+    return out

@@ -1,0 +1,297 @@
+"""``vla rl``: GRPO fine-tuning of a trained policy in simulation (docs/rl.md): a token head's
+sampled tokens, or a flow head's noisy denoising steps (``flow.py``).
+
+    vla rl --policy runs/fast/final --out runs/fast_rl rl.iterations=40 rl.tasks=[push]
+
+One iteration (``RLConfig``): ``groups`` seeds x ``group_size`` rollouts sampled at
+``rl.temperature`` (tokens) or with ``rl.flow_sigma`` noise per denoising step (flow; ``rollout.collect``) -> rewards (the task's success, 0/1) -> group-relative
+advantages (``grpo.group_advantages``) -> ``rl.epochs`` passes of the clipped surrogate over the
+decisions of the informative groups (``grpo.clipped_loss``) -> a checkpoint.
+
+The run folder is a training run's: ``checkpoints/step_<iteration>/`` (a policy folder plus
+``train_state``: the optimizer), ``metrics.jsonl`` (one row per iteration: rollout success by task,
+informative groups, the update's statistics, CPU seconds), ``config.yaml`` and ``final/`` (a
+policy folder ``vla eval`` takes). ``--resume`` continues from the latest checkpoint and draws what
+an uninterrupted run draws: each iteration's seeds and sampling noise depend only on its index.
+"""
+
+from __future__ import annotations
+
+import json
+import resource
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from vlastack.config import Config, save_yaml
+from vlastack.diagnostics.run_report import rl_report
+from vlastack.infer.policy import Policy
+from vlastack.progress import Progress
+from vlastack.rl.flow import flow_logprobs, flow_sample
+from vlastack.rl.grpo import clipped_loss, group_advantages, token_logprobs
+from vlastack.rl.rollout import Decision, EnvPool, collect
+from vlastack.sim.env import suite_tasks
+from vlastack.train.checkpoint import begin, claim_run_dir, commit, export_final, latest_checkpoint, sweep
+from vlastack.train.state import atomic_write_text, load_state, save_state
+
+METRICS = "metrics.jsonl"
+STATE = "train_state"  # the optimizer's folder in a checkpoint; export_final leaves it out of final/
+
+
+def head_kind(policy: Policy) -> str:
+    """``tokens`` (an autoregressive token head: GRPO on its tokens' log-probabilities) or
+    ``flow`` (a flow head: GRPO on its noisy denoising steps, ``rl/flow.py``); anything else is
+    refused: a parallel-decoding head (OFT, bins-parallel) samples nothing per token."""
+    head = policy.model.head
+    if hasattr(head, "generate") and policy.cfg.head_options.decoding == "autoregressive":
+        return "tokens"
+    if hasattr(head, "denoise_step") and hasattr(head, "velocity_full"):
+        return "flow"
+    raise ValueError(
+        f"vla rl fine-tunes token heads with autoregressive decoding and flow heads; this policy's "
+        f"head is {policy.cfg.head!r}"
+        + (f" with {policy.cfg.head_options.decoding} decoding" if hasattr(head, "generate") else "")
+        + ", which samples no per-token or per-step distribution to reinforce"
+    )
+
+
+def iteration_jobs(rl: Any, tasks: tuple[str, ...], it: int) -> list[tuple[str, int, int]]:
+    """Iteration ``it``'s rollouts: ``groups`` seeds, ``group_size`` episodes each. Group g is seed
+    ``env_seed + it * groups + g`` on task ``tasks[(it * groups + g) % len(tasks)]`` (the tasks
+    take turns, as evaluation's "spread" scheme). -> [(task, seed, group)]."""
+    out = []
+    for g in range(rl.groups):
+        k = it * rl.groups + g
+        out += [(tasks[k % len(tasks)], rl.env_seed + k, g)] * rl.group_size
+    return out
+
+
+class RLRun:
+    """A GRPO run from a policy folder into ``out_dir`` (``fit``)."""
+
+    def __init__(
+        self,
+        policy_dir: str | Path,
+        cfg: Config,
+        out_dir: str | Path,
+        *,
+        ema: bool = False,
+        resume: bool = False,
+        overwrite: bool = False,
+    ) -> None:
+        self.cfg, self.rl = cfg, cfg.rl
+        self.out = Path(out_dir)
+        self.source = Path(policy_dir)
+        if resume and overwrite:
+            raise ValueError(
+                "--resume continues the run in --out and --overwrite deletes it: pass one of them"
+            )
+        latest = latest_checkpoint(self.out) if resume else None
+        if resume and latest is None:
+            raise ValueError(f"--resume: {self.out} has no checkpoint to continue from")
+        if not resume:
+            claim_run_dir(self.out, overwrite)
+        if self.rl.num_threads:
+            torch.set_num_threads(self.rl.num_threads)
+        self.policy = Policy.from_pretrained(latest or self.source, ema=ema and latest is None)
+        self.kind = head_kind(self.policy)
+        model = self.policy.model.float().eval()  # eval: no dropout, so old and new log-probs agree
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        self.opt = torch.optim.AdamW(self.params, lr=self.rl.lr, weight_decay=self.rl.weight_decay)
+        self.ref = None
+        if self.rl.kl_coef > 0:
+            self.ref = Policy.from_pretrained(self.source, ema=ema).model.float().eval().requires_grad_(False)
+        self.start = 0
+        if latest is not None:
+            state = load_state(latest / STATE, "rl")
+            self.opt.load_state_dict(state["optimizer"])
+            self.start = int(state["iteration"])
+        self.tasks = suite_tasks(cfg.eval.suite, self.rl.tasks or tuple(cfg.eval.tasks))
+        self.pool = EnvPool({"suite": cfg.eval.suite, "image_size": cfg.eval.image_size,
+                             "cameras": tuple(cfg.model.camera_names), "max_steps": cfg.eval.max_steps,
+                             "render_quality": cfg.eval.render_quality})  # fmt: skip
+        self.out.mkdir(parents=True, exist_ok=True)
+        save_yaml(cfg, self.out / "config.yaml")
+        self._keep_metrics(self.start)
+
+    # ------------------------------------------------------------------ the loop
+
+    def fit(self) -> dict[str, Any]:
+        rl = self.rl
+        cpu0 = self._cpu_s() - self._prior_cpu_s()
+        bar = Progress(rl.iterations, "rl", unit="iter")
+        bar.update(self.start)
+        row: dict[str, Any] = {}
+        try:
+            for it in range(self.start, rl.iterations):
+                row = self.iteration(it)
+                if rl.eval_every and (it + 1) % rl.eval_every == 0:
+                    row.update(self.validate())
+                row["cpu_s"] = round(self._cpu_s() - cpu0, 1)  # everything so far, validation too
+                if (it + 1) % rl.save_every == 0 or it + 1 == rl.iterations:
+                    self.save(it + 1)
+                with open(self.out / METRICS, "a") as f:
+                    f.write(json.dumps(row) + "\n")
+                bar.update(
+                    1, success=f"{row['success']:.2f}", groups=f"{row['informative_groups']}/{rl.groups}"
+                )
+        finally:
+            bar.close()
+            self.pool.close()
+        final = export_final(self.out, latest_checkpoint(self.out))
+        report = rl_report(self.out)
+        return {"iterations": rl.iterations, "final": str(final), "last": row, "report": str(report)}
+
+    def iteration(self, it: int) -> dict[str, Any]:
+        """Roll out, score, update. -> the metrics row of iteration ``it``."""
+        rl = self.rl
+        gen = torch.Generator().manual_seed(rl.seed * 1_000_003 + it)  # resumes draw the same noise
+        t0 = time.perf_counter()
+        jobs = iteration_jobs(rl, self.tasks, it)
+        ro = collect(
+            self.policy, self.pool, jobs, self.cfg.eval.steps_per_chunk, lambda b: self._draw(b, gen)
+        )
+        t1 = time.perf_counter()
+        rewards = torch.tensor([float(e["success"]) for e in ro.episodes])
+        groups = torch.tensor([e["group"] for e in ro.episodes])
+        adv, informative = group_advantages(rewards, groups)
+        if not rl.drop_uniform_groups:
+            informative = torch.ones_like(informative)
+        used = [d for d in ro.decisions if informative[d.episode]]
+        stats = self.update(used, adv, gen) if used else {}
+        by_task: dict[str, list[float]] = {}
+        for e in ro.episodes:
+            by_task.setdefault(e["task"], []).append(float(e["success"]))
+        return {
+            "iteration": it, "success": float(rewards.mean()),
+            "success_by_task": {t: float(np.mean(v)) for t, v in by_task.items()},
+            "episodes": len(ro.episodes), "decisions": len(ro.decisions), "decisions_used": len(used),
+            "informative_groups": int(informative.view(rl.groups, rl.group_size)[:, 0].sum()),
+            "invalid_chunks": ro.invalid_chunks, "mean_steps": float(np.mean([e["steps"] for e in ro.episodes])),
+            "rollout_s": round(t1 - t0, 1), "update_s": round(time.perf_counter() - t1, 1), **stats,
+        }  # fmt: skip
+
+    def validate(self) -> dict[str, Any]:
+        """The greedy policy (as ``vla eval`` runs it) on ``rl.eval_episodes`` validation seeds."""
+        from vlastack.sim.evaluate import evaluate
+
+        rl, ev = self.rl, self.cfg.eval
+        res = evaluate(self.policy, ev, num_workers=0, episodes=rl.eval_episodes, seed=rl.eval_seed,
+                       seed_scheme="spread", tasks=self.tasks, videos=0, batch_episodes=1,
+                       temporal_ensemble=0.0, cameras=tuple(self.cfg.model.camera_names))  # fmt: skip
+        return {
+            "val_success": res["mean_task_success"],
+            "val_by_task": {t: v["success_rate"] for t, v in res["tasks"].items()},
+        }
+
+    def _draw(self, batch: dict, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Sample the policy -> (normalized actions [B, H, A], what was sampled, valid [B])."""
+        model = self.policy.model
+        if self.kind == "flow":
+            actions, traj = flow_sample(model, batch, self.rl.flow_sigma, gen)
+            return actions, traj, torch.ones(len(actions), dtype=torch.bool)
+        ids, lengths = model.head.generate(model, batch, self.rl.temperature, 1.0, gen)
+        actions, valid = model.head.decode_actions(ids, lengths)
+        return actions, ids, valid
+
+    def _logprobs(self, model: torch.nn.Module, part: list[Decision]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Log-probabilities [B, L] (tokens, or denoising steps) of what ``part`` sampled, and their mask."""
+        batch = self.policy.model_batch([d.obs for d in part])
+        sampled = torch.stack([d.sample for d in part]).to(self.policy.device)
+        if self.kind == "flow":
+            return flow_logprobs(model, batch, sampled, self.rl.flow_sigma, self.policy.action_dim)
+        return token_logprobs(model, batch, sampled, self.rl.temperature)
+
+    def update(self, decisions: list[Decision], adv: torch.Tensor, gen: torch.Generator) -> dict[str, float]:
+        """``rl.epochs`` passes of the clipped surrogate over ``decisions`` in minibatches of
+        ``rl.minibatch``. The behaviour policy's log-probs (and the reference's) are computed
+        first, with the weights that sampled the tokens."""
+        rl, model = self.rl, self.policy.model
+        mb = rl.minibatch
+        parts = [decisions[i : i + mb] for i in range(0, len(decisions), mb)]
+        with torch.no_grad():
+            old = [self._logprobs(model, p)[0] for p in parts]
+            ref = [self._logprobs(self.ref, p)[0] for p in parts] if self.ref is not None else None
+        flat_old = torch.cat(old)
+        flat_ref = torch.cat(ref) if ref is not None else None
+        totals: dict[str, float] = {}
+        steps = skipped = 0
+        for _ in range(rl.epochs):
+            order = torch.randperm(len(decisions), generator=gen)
+            for s in range(0, len(decisions), mb):
+                idx = order[s : s + mb]
+                part = [decisions[i] for i in idx.tolist()]
+                logp, mask = self._logprobs(model, part)
+                a = adv[torch.tensor([d.episode for d in part])]
+                loss, st = clipped_loss(logp, flat_old[idx], a, mask, rl.clip_low, rl.clip_high,
+                                        None if flat_ref is None else flat_ref[idx], rl.kl_coef)  # fmt: skip
+                self.opt.zero_grad(set_to_none=True)
+                loss.backward()
+                gnorm = torch.nn.utils.clip_grad_norm_(self.params, rl.max_grad_norm)
+                if not (torch.isfinite(loss) and torch.isfinite(gnorm)):  # as vla train: skip, count
+                    self.opt.zero_grad(set_to_none=True)
+                    skipped += 1
+                    continue
+                self.opt.step()
+                for k, v in {"loss": loss.detach(), "grad_norm": gnorm, **st}.items():
+                    totals[k] = totals.get(k, 0.0) + float(v)
+                steps += 1
+        stats = {k: round(v / max(steps, 1), 5) for k, v in totals.items()}
+        return stats | {"gradient_steps": steps, "skipped_steps": skipped}
+
+    # ------------------------------------------------------------------ checkpoints
+
+    def save(self, iteration: int) -> Path:
+        """A policy folder of the current weights (the source's files, its ``ema/`` left out:
+        those weights are not these) + the optimizer, committed atomically."""
+        tmp = begin(self.out, iteration)
+        shutil.copytree(self._policy_files(), tmp, dirs_exist_ok=True,
+                        ignore=shutil.ignore_patterns("ema", STATE, "checkpoints"))  # fmt: skip
+        self.policy.model.save_pretrained(tmp)
+        save_yaml(self.cfg, tmp / "config.yaml")
+        save_state({"optimizer": self.opt.state_dict(), "iteration": iteration}, tmp / STATE, "rl")
+        return commit(self.out, iteration, self.rl.keep_last)
+
+    def _policy_files(self) -> Path:
+        latest = latest_checkpoint(self.out)
+        return latest if latest is not None else self.source
+
+    def _keep_metrics(self, start: int) -> None:
+        """A resumed run keeps the rows of the iterations its checkpoint holds (a crash after a
+        row but before its checkpoint would otherwise count that iteration twice)."""
+        sweep(self.out)
+        path = self.out / METRICS
+        if not path.exists():
+            return
+        rows = [ln for ln in path.read_text().splitlines() if ln.strip()]
+        kept = [ln for ln in rows if json.loads(ln)["iteration"] < start]
+        atomic_write_text(path, "".join(ln + "\n" for ln in kept))
+
+    def _prior_cpu_s(self) -> float:
+        path = self.out / METRICS
+        if not path.exists() or not path.read_text().strip():
+            return 0.0
+        return float(json.loads(path.read_text().splitlines()[-1])["cpu_s"])
+
+    @staticmethod
+    def _cpu_s() -> float:
+        r = resource.getrusage(resource.RUSAGE_SELF)
+        return r.ru_utime + r.ru_stime
+
+
+def rl_config(policy_dir: str | Path, overrides: list[str], yaml_path: str | None = None) -> Config:
+    """The policy's own training config (its ``config.yaml``: the suite, tasks and chunking it
+    is evaluated with) + a YAML + dotted overrides (``rl.*``, ``eval.*``)."""
+    from vlastack.config import apply_overrides, load_yaml
+
+    src = Path(policy_dir) / "config.yaml"
+    if not src.is_file():
+        raise ValueError(f"{policy_dir} has no config.yaml: vla rl starts from a vlastack policy folder")
+    cfg = load_yaml(src)
+    if yaml_path is not None:
+        cfg = load_yaml(yaml_path, cfg)
+    return apply_overrides(cfg, overrides)
