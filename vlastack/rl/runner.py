@@ -46,15 +46,16 @@ def head_kind(policy: Policy) -> str:
     """``tokens`` (an autoregressive token head: GRPO on its tokens' log-probabilities) or
     ``flow`` (a flow head: GRPO on its noisy denoising steps, ``rl/flow.py``); anything else is
     refused: a parallel-decoding head (OFT, bins-parallel) samples nothing per token."""
-    head = policy.model.head
-    if hasattr(head, "generate") and policy.cfg.head_options.decoding == "autoregressive":
+    cfg = policy.cfg
+    spec = cfg.head_spec  # capabilities come from the registry, never from the head's name
+    if spec.action_tokens and cfg.head_options.decoding == "autoregressive":
         return "tokens"
-    if hasattr(head, "denoise_step") and hasattr(head, "velocity_full"):
+    if spec.denoise:
         return "flow"
     raise ValueError(
         f"vla rl fine-tunes token heads with autoregressive decoding and flow heads; this policy's "
-        f"head is {policy.cfg.head!r}"
-        + (f" with {policy.cfg.head_options.decoding} decoding" if hasattr(head, "generate") else "")
+        f"head is {cfg.head!r}"
+        + (f" with {cfg.head_options.decoding} decoding" if spec.action_tokens else "")
         + ", which samples no per-token or per-step distribution to reinforce"
     )
 
