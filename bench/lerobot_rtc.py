@@ -81,7 +81,7 @@ class LeRobotRTCPolicy:
         p, c = self.policy, self.policy.cfg
         head, a_env = p.model.head, p.action_dim
         checked = check_obs(obs, p.spec)
-        batch = p._batch([checked])
+        batch = p.model_batch([checked])
         with torch.no_grad():
             cache, positions, mask, state = head.prefill(p.model, batch)
         left = torch.from_numpy(p.normalizer.normalize(ACTION_KEY, prefix)).float()  # [n, A_env], normalized

@@ -459,7 +459,7 @@ def grounding_errors(policy_dir: Path, tasks: list[str], train_pairs: list, n: i
             for seed in seeds:
                 env.reset(seed=seed)
                 obs = env.step(np.zeros(4, np.float32))[0]
-                batch = pol._batch([pol.check(obs)])
+                batch = pol.model_batch([pol.check(obs)])
                 with torch.inference_mode(), pol.autocast():
                     pred = pol.model.head.predict_grounding(pol.model, batch).float().numpy()[0]
                 full = pol.normalizer.normalize(key, np.zeros(39, np.float32))

@@ -92,7 +92,7 @@ def test_identity_guidance_keeps_the_committed_actions_without_a_backward_pass(p
     if delay:
         assert err[:delay].mean() < 0.15 * base[:delay].mean()
     assert err[delay:8].mean() < 0.8 * base[delay:8].mean()
-    batch = policy._batch([policy.check(obs)])
+    batch = policy.model_batch([policy.check(obs)])
     noise = torch.randn(1, H, c.action_dim, generator=torch.Generator().manual_seed(0))
     zero, target = torch.zeros(1, H, c.action_dim), torch.randn(1, H, c.action_dim)
     a = guided_sample(model.head, model, batch, target, zero, noise, guidance="identity")
@@ -105,7 +105,7 @@ def test_identity_guidance_keeps_the_committed_actions_without_a_backward_pass(p
 def test_guided_sample_ignores_targets_where_the_weight_is_zero(policy):
     model, c = policy.model, policy.cfg
     trainable = [p.requires_grad for p in model.parameters()]
-    batch = policy._batch([policy.check(make_obs())])
+    batch = policy.model_batch([policy.check(make_obs())])
     noise = torch.randn(1, H, c.action_dim, generator=torch.Generator().manual_seed(0))
     w = (prefix_weights(H, 2, 8)[:, None] * (torch.arange(c.action_dim) < ACTION_DIM).float())[None]
     target = torch.randn(1, H, c.action_dim)
@@ -137,9 +137,9 @@ def test_guidance_works_under_a_callers_inference_mode(policy, where):
     w = (prefix_weights(H, 2, 8)[:, None] * (torch.arange(c.action_dim) < ACTION_DIM).float())[None]
     noise = torch.randn(1, H, c.action_dim, generator=torch.Generator().manual_seed(0))
     target = torch.randn(1, H, c.action_dim, generator=torch.Generator().manual_seed(1))
-    outside = guided_sample(model.head, model, policy._batch([policy.check(obs)]), target, w, noise)
+    outside = guided_sample(model.head, model, policy.model_batch([policy.check(obs)]), target, w, noise)
     with torch.inference_mode():  # every input made inside it: inference tensors
-        batch = policy._batch([policy.check(obs)])
+        batch = policy.model_batch([policy.check(obs)])
         inside = guided_sample(model.head, model, batch, target.clone(), w.clone(), noise.clone())
     torch.testing.assert_close(inside, outside)
 
@@ -150,7 +150,7 @@ def test_training_time_rtc_sampling_keeps_the_prefix_exactly(policy):
     out = policy.infer({**obs, "action_prefix": y, "inference_delay": 3, "rtc_method": "rtc_training"})
     np.testing.assert_allclose(out["actions"][:3], y[:3], rtol=1e-5, atol=1e-4)  # dims in env order
     model, c = policy.model, policy.cfg
-    batch = policy._batch([policy.check(obs)])
+    batch = policy.model_batch([policy.check(obs)])
     noise = torch.randn(1, H, c.action_dim, generator=torch.Generator().manual_seed(0))
     zero = prefix_sample(model.head, model, batch, torch.zeros(1, H, c.action_dim), torch.tensor([0]), noise)
     torch.testing.assert_close(zero, model.sample_actions(batch, noise=noise))  # d = 0: plain sampling
@@ -164,7 +164,7 @@ def test_bid_keeps_the_candidate_closest_to_the_leftover(policy):
     y = committed(policy, obs, n=6, seed=2)
     req = {**obs, "action_prefix": y, "inference_delay": 2, "rtc_method": "bid"}
     model, c, k = policy.model, policy.cfg, 5
-    batch = policy._batch([policy.check(obs)])
+    batch = policy.model_batch([policy.check(obs)])
     policy.serving.bid_samples = k
     try:
         policy.generator.manual_seed(11)

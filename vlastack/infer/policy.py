@@ -219,9 +219,9 @@ class Policy:
             return contextlib.nullcontext()
         return torch.autocast(self.device.type, dtype=torch.bfloat16)
 
-    def _batch(self, obs_list: list[Obs]) -> dict[str, torch.Tensor]:
-        """Checked observations -> the model's input batch on ``self.device`` (what ``vla rl``
-        rebuilds for its update, as ``model_batch``)."""
+    def model_batch(self, obs_list: list[Obs]) -> dict[str, torch.Tensor]:
+        """Checked observations -> the model's input batch on ``self.device`` (``vla rl``
+        rebuilds it for its update)."""
         c = self.cfg
         if self.preprocess is not None:  # e.g. a LeRobot checkpoint's exact pipeline
             batch = self.preprocess.build_batch(obs_list, self.tokenizer)
@@ -249,7 +249,7 @@ class Policy:
         whether the chunk is a repeat of the last valid one bool [B] (None for the flow head). All
         are read under the lock, so they belong to the same batch."""
         c = self.cfg
-        batch = self._batch(obs_list)
+        batch = self.model_batch(obs_list)
         with self.lock:
             if noise is None:
                 shape = (len(obs_list), c.action_horizon, c.action_dim)
@@ -261,8 +261,6 @@ class Policy:
             repeated = self.serving.after_sample(actions, valid)
         return actions, valid, repeated
 
-    model_batch = _batch
-
     def to_env_actions(self, out: torch.Tensor) -> np.ndarray:
         """The model's normalized actions [B, H, A] -> env units float32 [B, H, A_env]."""
         actions = out.float()[:, :, : self.action_dim].cpu().numpy()
@@ -272,7 +270,7 @@ class Policy:
         """Observations with an ``action_prefix``, all with the same ``rtc_method`` -> env-unit
         actions [B, H, A_env] continuing each prefix: the head's real-time chunking (the flow
         head's: models/heads/flow/serving.py); ``noise`` [B, H, A] fixed for tests."""
-        return self.serving.answer_prefix(obs_list, self._batch(obs_list), noise)
+        return self.serving.answer_prefix(obs_list, self.model_batch(obs_list), noise)
 
     def infer_checked(self, obs_list: list[Obs], noise: torch.Tensor | None = None) -> np.ndarray:
         """Checked observations -> unnormalized actions float32 [B, H, A_env] (one forward pass)."""

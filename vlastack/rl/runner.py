@@ -116,6 +116,7 @@ class RLRun:
                              "cameras": tuple(cfg.model.camera_names), "max_steps": cfg.eval.max_steps,
                              "render_quality": cfg.eval.render_quality})  # fmt: skip
         self.out.mkdir(parents=True, exist_ok=True)
+        sweep(self.out)  # a checkpoint a crash left half-written
         save_yaml(cfg, self.out / "config.yaml")
         self._keep_metrics(self.start)
 
@@ -250,21 +251,17 @@ class RLRun:
         """A policy folder of the current weights (the source's files, its ``ema/`` left out:
         those weights are not these) + the optimizer, committed atomically."""
         tmp = begin(self.out, iteration)
-        shutil.copytree(self._policy_files(), tmp, dirs_exist_ok=True,
-                        ignore=shutil.ignore_patterns("ema", STATE, "checkpoints"))  # fmt: skip
+        # The source's other files (statistics, tokenizers) are the same for every checkpoint.
+        skip = shutil.ignore_patterns("ema", STATE, "checkpoints", "model.safetensors")
+        shutil.copytree(self.source, tmp, dirs_exist_ok=True, ignore=skip)
         self.policy.model.save_pretrained(tmp)
         save_yaml(self.cfg, tmp / "config.yaml")
         save_state({"optimizer": self.opt.state_dict(), "iteration": iteration}, tmp / STATE, "rl")
         return commit(self.out, iteration, self.rl.keep_last)
 
-    def _policy_files(self) -> Path:
-        latest = latest_checkpoint(self.out)
-        return latest if latest is not None else self.source
-
     def _keep_metrics(self, start: int) -> None:
         """A resumed run keeps the rows of the iterations its checkpoint holds (a crash after a
         row but before its checkpoint would otherwise count that iteration twice)."""
-        sweep(self.out)
         path = self.out / METRICS
         if not path.exists():
             return
@@ -273,10 +270,10 @@ class RLRun:
         atomic_write_text(path, "".join(ln + "\n" for ln in kept))
 
     def _prior_cpu_s(self) -> float:
+        """The CPU seconds of the iterations a resumed run keeps (its last metrics row)."""
         path = self.out / METRICS
-        if not path.exists() or not path.read_text().strip():
-            return 0.0
-        return float(json.loads(path.read_text().splitlines()[-1])["cpu_s"])
+        rows = path.read_text().splitlines() if path.exists() else []
+        return float(json.loads(rows[-1])["cpu_s"]) if rows else 0.0
 
     @staticmethod
     def _cpu_s() -> float:

@@ -77,8 +77,9 @@ def train_step(
     head = getattr(getattr(model, "module", model), "head", None)  # under DDP/FSDP: .module
     for i, mb in enumerate(micro_batches):
         kw = loss_kwargs[i] if loss_kwargs else {}
-        if head is not None and hasattr(head, "host_inputs"):
-            mb = {**mb, **head.host_inputs(mb)}  # eager, outside a compiled forward
+        extra = head.host_inputs(mb) if head is not None and hasattr(head, "host_inputs") else None
+        if extra:  # eager, outside a compiled forward
+            mb = {**mb, **extra}
         with no_grad_sync(model, skip=i < n - 1), autocast_ctx(device_type, precision):
             out = model(mb, **kw)
             loss = out["loss"] / n
