@@ -40,7 +40,7 @@ def measure(variant: str, scope: str, repeats: int) -> dict:
     from vlastack.models import build_model
     from vlastack.models.heads.flow.fastpath import StaticSampler, prepare_for_inference
 
-    cfg = load_config("tiny", overrides=[f"model.variant={variant}", *DEPTHS]).model
+    cfg = load_config("tiny", overrides=[f"model.head_options.variant={variant}", *DEPTHS]).model
     torch.manual_seed(0)
     model = prepare_for_inference(build_model(cfg).eval(), torch.float32)
     batch = dummy_batch(cfg, 1, train=False)

@@ -152,7 +152,7 @@ def model_config(preset: str, smoke: bool):
     """Full-size presets (random weights), or tiny shapes with the same structure for --smoke."""
     variant = "pi05" if preset == "pi05" else "pi0"
     if smoke:
-        cfg = load_config("tiny", overrides=[f"model.variant={variant}"]).model
+        cfg = load_config("tiny", overrides=[f"model.head_options.variant={variant}"]).model
         cams = tuple(f"cam{i}" for i in range(len(PRESET_CAMERAS[preset])))
         # pi0.5 writes the state into the prompt: the tiny preset's 88 tokens do not hold it
         text = 128 if variant == "pi05" else cfg.max_text_len

@@ -1,4 +1,4 @@
-"""Pi0.5 (``model.variant=pi05``): training samples and served observations carry the same
+"""Pi0.5 (``model.head_options.variant=pi05``): training samples and served observations carry the same
 state-in-prompt tokens, built from the normalized, unpadded state."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from vlastack.models.tokenizer import load_tokenizer
 
 def test_samples_and_policy_batches_write_the_state_into_the_prompt(dataset):
     root, data = dataset
-    cfg = load_config("tiny", overrides=["model.camera_names=[scene,wrist]", "model.variant=pi05",
+    cfg = load_config("tiny", overrides=["model.camera_names=[scene,wrist]", "model.head_options.variant=pi05",
                                          "model.max_text_len=96"])  # fmt: skip
     ds = make_dataset(cfg, root)
     tok = load_tokenizer("byte")
@@ -45,20 +45,25 @@ def test_a_prompt_that_would_lose_the_state_is_refused(dataset):
 
     root, data = dataset
     cams = "model.camera_names=[scene,wrist]"
-    assert load_config("tiny", overrides=["model.variant=pi05"]).model.max_text_len == 88
+    assert load_config("tiny", overrides=["model.head_options.variant=pi05"]).model.max_text_len == 88
     assert (
-        load_config("tiny", overrides=["model.variant=pi05", "model.max_text_len=60"]).model.max_text_len
+        load_config(
+            "tiny", overrides=["model.head_options.variant=pi05", "model.max_text_len=60"]
+        ).model.max_text_len
         == 60
     )
     with pytest.raises(
         ValueError, match=r"model\.max_text_len: 24 tokens cannot hold a Pi0\.5 prompt.*at least 42"
     ):
-        load_config("tiny", overrides=["model.variant=pi05", "model.max_text_len=24"])
+        load_config("tiny", overrides=["model.head_options.variant=pi05", "model.max_text_len=24"])
     # BOS + "Task: task 1, State: " + 5 x "255" + ";\nAction: " = 51 tokens at most.
     assert len(load_tokenizer("byte").encode(pi05_prompt("task 1", np.ones(5)))) == 51
     with pytest.raises(ValueError, match="needs up to 51 tokens"):
-        VLADataset(load_config("tiny", overrides=[cams, "model.variant=pi05", "model.max_text_len=50"]), root)
-    cfg = load_config("tiny", overrides=[cams, "model.variant=pi05", "model.max_text_len=51"])
+        VLADataset(
+            load_config("tiny", overrides=[cams, "model.head_options.variant=pi05", "model.max_text_len=50"]),
+            root,
+        )
+    cfg = load_config("tiny", overrides=[cams, "model.head_options.variant=pi05", "model.max_text_len=51"])
     ds = VLADataset(cfg, root)
     policy = Policy(build_model(cfg.model), ds.normalizer, seed=0)
     img = np.zeros((64, 64, 3), np.uint8)

@@ -34,7 +34,7 @@ ATOL = 1e-5
 
 
 def _model(variant: str, **kw):
-    cfg = load_config("tiny", overrides=[f"model.variant={variant}"]).model
+    cfg = load_config("tiny", overrides=[f"model.head_options.variant={variant}"]).model
     cfg = replace(cfg, **kw).with_head_options(num_denoise_steps=4)
     torch.manual_seed(0)
     m = build_model(cfg).eval()
@@ -368,7 +368,7 @@ def test_layers_scope_compiles_one_graph_per_call_kind_at_any_depth(variant, eag
     for depth in (2, 4):
         torch._dynamo.reset()
         counters.clear()
-        cfg = load_config("tiny", overrides=[f"model.variant={variant}"]).model
+        cfg = load_config("tiny", overrides=[f"model.head_options.variant={variant}"]).model
         cfg = replace(
             cfg,
             vlm=replace(cfg.vlm, depth=depth),

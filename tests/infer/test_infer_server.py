@@ -299,7 +299,7 @@ def test_fast_server_serves_plain_and_real_time_chunking(tmp_path, variant):
     from vlastack.models import build_model
 
     cfg = micro_config() if variant == "pi0" else apply_overrides(tiny(), [
-        "model.variant=pi05", "model.vision.depth=1", "model.vlm.depth=1", "model.expert.depth=1",
+        "model.head_options.variant=pi05", "model.vision.depth=1", "model.vlm.depth=1", "model.expert.depth=1",
         "model.head_options.num_denoise_steps=2", "model.max_text_len=128"]).model  # fmt: skip
     torch.manual_seed(0)
     build_model(cfg).save_pretrained(tmp_path)

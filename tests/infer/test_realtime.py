@@ -183,7 +183,7 @@ def test_executor_and_config_refuse_bad_values():
     with pytest.raises(ConfigError, match="max_delay"):
         load_config("tiny", overrides=["train.rtc.max_delay=16"])
     with pytest.raises(ConfigError, match="pi0"):
-        load_config("tiny", overrides=["train.rtc.max_delay=4", "model.variant=pi05"])
+        load_config("tiny", overrides=["train.rtc.max_delay=4", "model.head_options.variant=pi05"])
     with pytest.raises(ValueError, match="hz"):
         RealtimeRunner(FakePolicy(), ExecutionConfig(delay=-1), A, 4)
 

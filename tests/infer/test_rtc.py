@@ -331,7 +331,7 @@ def test_per_token_time_equal_to_the_sample_time_changes_nothing():
     a = model.head.velocity_full(model, prefix, pad, batch["state"], x, t)
     b = model.head.velocity_full(model, prefix, pad, batch["state"], x, t[:, None].expand(-1, H))
     torch.testing.assert_close(a, b)
-    pi05 = build_model(replace(cfg, variant="pi05", max_text_len=88))
+    pi05 = build_model(replace(cfg, max_text_len=88).with_head_options(variant="pi05"))
     with pytest.raises(ValueError, match="pi0"):
         pi05.head.embed_suffix(batch["state"], x, t[:, None].expand(-1, H))
 

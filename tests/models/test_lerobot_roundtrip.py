@@ -23,7 +23,8 @@ def test_export_lerobot_then_import_is_the_same_model(tmp_path, variant):
     # not run as deltas once it has been through LeRobot's format.
     rep = "absolute" if variant == "pi0" else "delta"
     cfg = load_config(
-        "tiny", overrides=[*MICRO, f"model.variant={variant}", f"model.action_representation={rep}"]
+        "tiny",
+        overrides=[*MICRO, f"model.head_options.variant={variant}", f"model.action_representation={rep}"],
     ).model
     assert cfg.vision.heads == 4 and cfg.vlm.heads == 4  # not So400m's 16, not gemma_2b's 8
     build_model(cfg).save_pretrained(tmp_path / "policy")

@@ -1,4 +1,4 @@
-"""Pi0.5 (``model.variant=pi05``): adaptive RMSNorm on the flow time, no state token, the state in
+"""Pi0.5 (``model.head_options.variant=pi05``): adaptive RMSNorm on the flow time, no state token, the state in
 the prompt (binning goldens checked against LeRobot 0.6.1), sampler parity, compile, training,
 and the public shapes' parameter count."""
 
@@ -18,7 +18,7 @@ from vlastack.nn.norms import AdaRMSNorm, RMSNorm
 
 @pytest.fixture(scope="module")
 def cfg():
-    return load_config("tiny", overrides=["model.variant=pi05"]).model
+    return load_config("tiny", overrides=["model.head_options.variant=pi05"]).model
 
 
 @pytest.fixture(scope="module")
@@ -118,7 +118,7 @@ def test_compiled_decoding_equals_eager(cfg):
 def test_save_load_roundtrip(model, cfg, tmp_path):
     model.save_pretrained(tmp_path)
     m2 = VLA.from_pretrained(tmp_path).eval()
-    assert m2.cfg.variant == "pi05"
+    assert m2.cfg.head_options.variant == "pi05" and m2.cfg.adarms and m2.cfg.state_in_prompt
     batch = dummy_batch(cfg, 2)
     torch.testing.assert_close(
         m2.sample_actions(batch, noise=_noise(cfg, 2)), model.sample_actions(batch, noise=_noise(cfg, 2))
@@ -146,13 +146,25 @@ def test_tokenize_prompt():
     assert plain.tolist() == tok.tokenize("pick_up the\ncube", 100)[0].tolist()
 
 
+def test_the_variant_is_a_flow_head_option():
+    """``variant`` lives in the flow head's options; the spelling from before (``model.variant``,
+    in overrides and in every saved config) still selects it, and the tiny preset's Pi0.5 still
+    gets room for the state in its prompt either way."""
+    new = load_config("tiny", overrides=["model.head_options.variant=pi05"])
+    assert new == load_config("tiny", overrides=["model.variant=pi05"])
+    assert new.model.max_text_len == 88 and new.model.adarms
+    assert not load_config("tiny", overrides=["model.head=tokens"]).model.state_in_prompt
+
+
 def test_config_checks():
     with pytest.raises(ConfigError, match="variant"):
-        load_config("tiny", overrides=["model.variant=pi06"])
+        load_config("tiny", overrides=["model.head_options.variant=pi06"])
     with pytest.raises(ConfigError, match="variant"):
+        load_config("tiny", overrides=["model.head_options.variant=pi05", "model.head=tokens"])
+    with pytest.raises(ConfigError, match="variant: is an option of head 'flow'"):
         load_config("tiny", overrides=["model.variant=pi05", "model.head=tokens"])
     with pytest.raises(ConfigError, match="grounding"):
-        load_config("tiny", overrides=["model.variant=pi05", "model.grounding.points=2"])
+        load_config("tiny", overrides=["model.head_options.variant=pi05", "model.grounding.points=2"])
 
 
 # LeRobot 0.6.1 PI05Pytorch (the PI05Policy's model) on the meta device: 4,143,404,816 parameters,
@@ -164,7 +176,7 @@ LEROBOT_LM_HEADS = 257_152 * 2048 + 257_152 * 1024
 
 def test_pi05_preset_matches_lerobot_parameter_count():
     c = pi05()
-    assert c.model.max_text_len == 200 and c.model.variant == "pi05"
+    assert c.model.max_text_len == 200 and c.model.head_options.variant == "pi05"
     with torch.device("meta"):
         m = VLA(c.model)
     assert m.num_params() == LEROBOT_PI05_PARAMS - LEROBOT_LM_HEADS

@@ -176,7 +176,13 @@ def test_pi05_24gb_recipe_trains_on_the_tiny_preset(tmp_path):
     cfg = load_config(
         "tiny",
         "pi05_lora_24gb",
-        [*TINY, "model.variant=pi05", "model.max_text_len=80", "train.steps=2", "train.batch_size=4"],
+        [
+            *TINY,
+            "model.head_options.variant=pi05",
+            "model.max_text_len=80",
+            "train.steps=2",
+            "train.batch_size=4",
+        ],
     )
     assert cfg.train.lora_rank == 16 and cfg.train.lr_vision == 0 and cfg.train.activation_checkpointing
     assert cfg.train.grad_accum == 2

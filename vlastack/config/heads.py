@@ -26,8 +26,6 @@ class HeadSpec:
     cls: str  # "module:Class" of the head
     # Its class with the grounding add-on (``model.grounding.points > 0``); None: refuses grounding.
     grounded: str | None = None
-    # ``model.variant`` values it takes ("pi05": state in the prompt, adaptive norms).
-    variants: tuple[str, ...] = ("pi0",)
     # The decoder runs the action expert for it (suffix tokens, ``model.expert``, ``vla info``).
     uses_expert: bool = False
     # Denoising steps that can be guided by an action prefix (real-time chunking, its training).
@@ -50,6 +48,10 @@ class HeadSpec:
 class FlowOptions:
     """``model.head=flow`` (``models/heads/flow/``): ``model.head_options.<key>``."""
 
+    # "pi0": a state token in the suffix, the flow time mixed into the action tokens. "pi05": the
+    # state written into the prompt as 256-bin tokens, no state token, and the flow time
+    # conditioning the action expert's adaptive RMSNorms (models/heads/flow/head.py, docs/pi05.md).
+    variant: str = "pi0"
     num_denoise_steps: int = 10  # Euler steps from noise (t=1) to actions (t=0)
     # Sampling temperature: the flow starts from noise_scale * N(0, I). 1 samples the learned
     # distribution; < 1 moves toward its mode, which helps small, under-trained policies.
@@ -59,6 +61,7 @@ class FlowOptions:
     time_max_period: float = 4.0
 
     def __post_init__(self) -> None:
+        _check(self.variant in ("pi0", "pi05"), "variant", f"must be 'pi0' or 'pi05', got {self.variant!r}")
         _positive(self, "num_denoise_steps")
         _check(self.noise_scale >= 0, "noise_scale", f"must be >= 0, got {self.noise_scale}")
         _check(self.time_min_period > 0, "time_min_period", "must be > 0")
@@ -187,7 +190,6 @@ HEAD_SPECS: dict[str, HeadSpec] = {
     "flow": HeadSpec(
         cls="vlastack.models.heads.flow:FlowHead",
         grounded="vlastack.models.heads.flow:GroundedFlowHead",
-        variants=("pi0", "pi05"),
         uses_expert=True,
         denoise=True,
         export_lerobot=True,

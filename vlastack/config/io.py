@@ -19,8 +19,10 @@ from vlastack.config.schema import Config, ModelConfig
 
 # Where the heads' options lived before ``model.head_options`` held them all (flow: loose
 # ``model.*`` fields; tokens: ``model.tokens``): configs and checkpoints written then load as they
-# were, and the old override spellings (``model.num_denoise_steps=5``) still work.
+# were, and the old override spellings (``model.num_denoise_steps=5``, ``model.variant=pi05``)
+# still work. (Every saved config has ``variant``: for a head other than flow it is dropped.)
 LEGACY_HEAD_KEYS = {
+    "variant": "flow",
     "num_denoise_steps": "flow",
     "noise_scale": "flow",
     "time_min_period": "flow",
@@ -280,8 +282,12 @@ def _variant_defaults(preset: str, cfg: Config, data: dict, overrides: list[str]
     """``presets.VARIANT_DEFAULTS`` for the variant the YAML or overrides pick, where neither sets
     the key itself (so the tiny preset's Pi0.5 has room for its state in the prompt)."""
     model = data.get("model") if isinstance(data.get("model"), dict) else {}
+    opts = model.get("head_options") if isinstance(model.get("head_options"), dict) else {}
     given = {".".join(path): value for path, value in map(parse_override, overrides)}
-    variant = given.get("model.variant", model.get("variant", cfg.model.variant))
+    variant = getattr(cfg.model.head_options, "variant", "pi0")
+    for found in (model.get("variant"), opts.get("variant"), given.get("model.variant"),
+                  given.get("model.head_options.variant")):  # fmt: skip
+        variant = found if found is not None else variant  # later wins: YAML, then overrides
     chosen = VARIANT_DEFAULTS.get(preset, {}).get(variant, {})
     keep = {k: v for k, v in chosen.items() if k not in model and f"model.{k}" not in given}
     return replace(cfg, model=replace(cfg.model, **keep)) if keep else cfg

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from vlastack.config.heads import FlowOptions
 from vlastack.config.schema import (
     Config,
     DataConfig,
@@ -67,7 +68,7 @@ def pi05() -> Config:
     """The public Pi0.5 shapes (LeRobot/openpi ``pi05_base``): pi0's encoder, VLM and expert, with
     the state written into a 200-token prompt and the flow time in the expert's adaptive norms."""
     return Config(
-        model=ModelConfig(variant="pi05", max_text_len=200),
+        model=ModelConfig(head_options=FlowOptions(variant="pi05"), max_text_len=200),
         data=DataConfig(norm=NormConfig(state="quantiles", action="quantiles")),
         train=TrainConfig(batch_size=32, lr=2.5e-5, precision="bf16", activation_checkpointing=True),
         eval=EvalConfig(image_size=224),

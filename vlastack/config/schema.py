@@ -7,7 +7,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from vlastack.config.errors import _check, _positive
-from vlastack.config.heads import HEAD_SPECS, HeadSpec
+from vlastack.config.heads import HEAD_SPECS, FlowOptions, HeadSpec
 
 # What an action means: "delta" moves the robot relative to where it is, "absolute" names where it
 # should be (sim/env.py). Meta-World and LIBERO take deltas, as LeRobot's environments do.
@@ -139,10 +139,6 @@ class ModelConfig:
         default_factory=lambda: DecoderConfig(width=1024, depth=18, mlp_dim=4096, vocab_size=1)
     )
     head: str = "flow"  # a name in the head registry, config.HEAD_NAMES (config/heads.py)
-    # Flow-head variant. "pi0": a state token in the suffix, the flow time mixed into the action
-    # tokens. "pi05": the state written into the prompt as 256-bin tokens, no state token, and the
-    # flow time conditioning the action expert's adaptive RMSNorms (see models/heads/flow/head.py).
-    variant: str = "pi0"
     grounding: GroundingConfig = field(default_factory=GroundingConfig)
     action_horizon: int = 50
     action_dim: int = 32
@@ -167,7 +163,6 @@ class ModelConfig:
     head_options: Any = None
 
     def __post_init__(self) -> None:
-        _check(self.variant in ("pi0", "pi05"), "variant", f"must be 'pi0' or 'pi05', got {self.variant!r}")
         _check(self.head in HEAD_SPECS, "head", f"must be one of {list(HEAD_SPECS)}, got {self.head!r}")
         spec = self.head_spec
         other = tuple(
@@ -187,19 +182,13 @@ class ModelConfig:
                 "head_options",
                 f"head {self.head!r} takes {spec.options_cls.__name__}, got {type(self.head_options).__name__}",
             )
-        _check(
-            self.variant in spec.variants,
-            "variant",
-            f"head {self.head!r} takes variant {' or '.join(map(repr, spec.variants))}, got {self.variant!r} "
-            f"(pi05 is a variant of the flow head)",
-        )
         _positive(self, "action_horizon", "action_dim", "state_dim", "max_text_len")
         _check(
             self.action_representation in ("auto", *ACTION_REPRESENTATIONS),
             "action_representation",
             f"must be 'auto', 'delta' or 'absolute', got {self.action_representation!r}",
         )
-        if self.variant == "pi05" and self.tokenizer == "byte":
+        if self.state_in_prompt and self.tokenizer == "byte":
             # The Pi0.5 prompt (models/prompt.py) at its shortest: BOS, a 1-byte instruction, every
             # state dim a 1-digit bin. A prompt cut short loses the state, silently: refuse it here;
             # the dataset (every task, 3-digit bins) and each served request are checked exactly.
@@ -230,7 +219,8 @@ class ModelConfig:
         _check(
             not (g.points and self.state_in_prompt),
             "grounding.points",
-            "grounding feeds the state token, which variant='pi05' does not have: set grounding.points=0",
+            "grounding feeds the state token, which the flow head's variant='pi05' does not have: set "
+            "grounding.points=0",
         )
         if g.points:
             _check(
@@ -272,12 +262,19 @@ class ModelConfig:
     @property
     def adarms(self) -> bool:
         """The action expert's norms are adaptive, conditioned on the flow time (Pi0.5)."""
-        return self.variant == "pi05"
+        return self._pi05
 
     @property
     def state_in_prompt(self) -> bool:
         """The state is discretised into the text prompt (Pi0.5), not fed as a suffix token."""
-        return self.variant == "pi05"
+        return self._pi05
+
+    @property
+    def _pi05(self) -> bool:
+        # The flow head's Pi0.5 variant (``model.head_options.variant``); every other head is
+        # Pi0-style (a state token, plain norms). The backbone and the data pipeline ask the two
+        # properties above, never for the variant.
+        return isinstance(self.head_options, FlowOptions) and self.head_options.variant == "pi05"
 
     @property
     def grounding_layer(self) -> int:
@@ -645,7 +642,7 @@ class Config:
             f"({self.train.rtc.max_delay}) must be below model.action_horizon ({h})",
         )
         _check(
-            not self.train.rtc.max_delay or (self.model.head_spec.denoise and self.model.variant == "pi0"),
+            not self.train.rtc.max_delay or (self.model.head_spec.denoise and not self.model.adarms),
             "train.rtc.max_delay",
             "training-time RTC gives each action token its own flow time: needs a head with denoising "
             f"steps ({[n for n, sp in HEAD_SPECS.items() if sp.denoise]}), variant=pi0 (pi05's adaptive norms take one time per sample)",

@@ -54,7 +54,7 @@ def export_lerobot(policy_folder: str | Path, out: str | Path) -> Path:
     folder, out = Path(policy_folder), Path(out)
     model = VLA.from_pretrained(folder)
     cfg = model.cfg
-    kind = getattr(cfg, "variant", "pi0")
+    kind = "pi05" if cfg.adarms else "pi0"
     if cfg.head_spec.action_tokens and cfg.head_options.sequence == "pi0_fast":
         return _export_pi0_fast(model, folder, out)
     if not cfg.head_spec.export_lerobot or cfg.grounding.points:

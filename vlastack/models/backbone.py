@@ -5,7 +5,7 @@
 
 Heads (``models/heads/``) take a ``Backbone`` and import only this module; ``VLA`` is a backbone
 plus a head. The decoder carries an action expert (Pi0's "mixture of transformers") when the head
-asks for one, and with ``model.variant='pi05'`` the expert's norms are adaptive (``AdaRMSNorm``).
+asks for one, and with ``model.head_options.variant='pi05'`` the expert's norms are adaptive (``AdaRMSNorm``).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Prompts with the robot state written into them (Pi0.5, ``model.variant='pi05'``).
+"""Prompts with the robot state written into them (Pi0.5, ``model.head_options.variant='pi05'``).
 
     pi05_prompt("pick up the cube", state)   # "Task: pick up the cube, State: 128 0 255;\\nAction: "
     ids, mask = tokenize_prompt(tokenizer, task, state, max_len=200, state_in_prompt=True)

@@ -30,7 +30,7 @@ from __future__ import annotations
 import re
 import warnings
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import fields, replace
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -365,12 +365,8 @@ def _pi0_fast_config(
 
 
 def with_kind(cfg: ModelConfig, kind: str) -> ModelConfig:
-    """Select the Pi0 or Pi0.5 flow head in our config (``model.variant``)."""
-    if kind == "pi0":
-        return cfg
-    if "variant" not in {f.name for f in fields(ModelConfig)}:
-        raise ValueError("pi05 checkpoints need the Pi0.5 flow head, which this build does not have yet")
-    return replace(cfg, variant="pi05")
+    """Select the Pi0 or Pi0.5 flow head in our config (``model.head_options.variant``)."""
+    return cfg if kind == "pi0" else cfg.with_head_options(variant="pi05")
 
 
 def camera_names(meta: dict) -> tuple[str, ...]:

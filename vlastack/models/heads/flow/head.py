@@ -1,6 +1,6 @@
 """Pi0 / Pi0.5 flow-matching action head (openpi convention: t=1 is noise, t=0 is data).
 
-Pi0 (``model.variant='pi0'``): suffix tokens = [state token, H action tokens], embedded by the
+Pi0 (``model.head_options.variant='pi0'``): suffix tokens = [state token, H action tokens], embedded by the
 action expert's input layers; the flow time is mixed into every action token by an MLP.
 Pi0.5 (``'pi05'``): suffix = the H action tokens (the state is in the prompt, models/prompt.py);
 the flow time goes through ``time_mlp_in/out`` into the expert's adaptive RMSNorms (``cond``).
