@@ -56,6 +56,8 @@ from vlastack.models.convert.locate import (  # noqa: F401 - re-exported: the lo
     resolve_checkpoint,
 )
 from vlastack.models.convert.safetensors_io import TensorInfo, open_weights, read_tensor
+from vlastack.models.heads.flow.lerobot_keys import HEAD_RULES, head_to_checkpoint
+from vlastack.models.heads.flow.lerobot_keys import checkpoint_kind as flow_checkpoint_kind
 
 # openpi gemma.py variants: what the tensors cannot tell (heads) plus defaults for the rest.
 GEMMA_VARIANTS = {
@@ -83,11 +85,7 @@ _RULES: list[tuple[str, str | None]] = [
     (_P + r"paligemma\.model\.language_model\.norm\.weight", "decoder.norm.weight"),
     (_P + r"gemma_expert\.model\.layers\.(\d+)\.(.*)", r"decoder.layers.\1.expert.\2"),
     (_P + r"gemma_expert\.model\.norm\.(.*)", r"decoder.expert_norm.\1"),
-    (
-        r"(state_proj|action_in_proj|action_out_proj|action_time_mlp_in|action_time_mlp_out)\.(.*)",
-        r"head.\1.\2",
-    ),
-    (r"(time_mlp_in|time_mlp_out)\.(.*)", r"head.\1.\2"),
+    *HEAD_RULES,  # the flow head's own tensors: models/heads/flow/lerobot_keys.py
     # Tied to embed_tokens (PaliGemma), or never used (the expert's LM head: its embeddings are None).
     (_P + r"paligemma\.lm_head\.weight", None),
     (_P + r"gemma_expert\.lm_head\.weight", None),
@@ -138,20 +136,12 @@ def ours_to_checkpoint(key: str) -> str | None:
         m = re.fullmatch(pat, key)
         if m:
             return "paligemma_with_expert." + m.expand(tmpl)
-    m = re.fullmatch(
-        r"head\.(state_proj|action_in_proj|action_out_proj|action_time_mlp_\w+|time_mlp_\w+)\.(.*)", key
-    )
-    return f"{m[1]}.{m[2]}" if m else None
+    return head_to_checkpoint(key)
 
 
 def checkpoint_kind(header: dict[str, TensorInfo]) -> str:
     """pi05 has ``time_mlp_in`` and adaptive expert norms; pi0 has ``state_proj``."""
-    keys = {canonical_key(k) for k in header}
-    if "time_mlp_in.weight" in keys:
-        return "pi05"
-    if "state_proj.weight" in keys:
-        return "pi0"
-    raise ValueError("checkpoint has neither state_proj (pi0) nor time_mlp_in (pi05) weights")
+    return flow_checkpoint_kind({canonical_key(k) for k in header})
 
 
 # ----------------------------------------------------------------------------- config from tensors
