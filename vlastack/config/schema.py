@@ -386,6 +386,11 @@ class TrainConfig:
     log_every: int = 10
     save_every: int = 500
     keep_last: int = 3
+    # "policy": each checkpoint is a policy folder (weights gathered to rank 0) plus the training
+    # state. "sharded": torch.distributed.checkpoint shards, one file per rank, nothing gathered;
+    # resumes on any world size; the policy folder is written at the end (train/sharded.py).
+    # "auto": sharded under FSDP2/HSDP, policy otherwise.
+    checkpoint_format: str = "auto"
     eval_every: int = 0  # 0 = off
     max_bad_steps: int = 5
     anomaly_guard: bool = False  # stop at the first non-finite step, naming the module and batch
@@ -417,6 +422,11 @@ class TrainConfig:
             self.parallel in ("none", "ddp", "fsdp", "hsdp"),
             "parallel",
             f"must be none|ddp|fsdp|hsdp, got {self.parallel!r}",
+        )
+        _check(
+            self.checkpoint_format in ("auto", "policy", "sharded"),
+            "checkpoint_format",
+            f"must be auto|policy|sharded, got {self.checkpoint_format!r}",
         )
         _check(
             self.compile_scope in ("model", "blocks"),

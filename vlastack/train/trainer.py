@@ -23,7 +23,6 @@ from typing import Any
 import numpy as np
 import torch
 import torch.distributed as dist
-from safetensors.torch import save_file
 from torch.utils.data import default_collate
 
 from vlastack.batch import Batch, to_device, validate_batch
@@ -34,9 +33,10 @@ from vlastack.data.loader import MemoryDataset, ResumableBatchSampler, preload_k
 from vlastack.data.stats import NORM_STATS, ExactNormalizer, Normalizer, load_normalizer, stat_dim
 from vlastack.fileio import load_safetensors
 from vlastack.models.vla import VLA, build_model
-from vlastack.nn.lora import apply_lora, lora_state_dict, remove_lora
+from vlastack.nn.lora import apply_lora
 from vlastack.progress import Progress
 from vlastack.train import checkpoint as ck
+from vlastack.train import sharded as sd
 from vlastack.train.logs import RunLogger, peak_memory_mb, plot_loss
 from vlastack.train.optim import EMA, WarmupCosine, build_optimizer, freeze_parts
 from vlastack.train.parallel import (
@@ -381,63 +381,13 @@ class Trainer:
                 return self._full_state()
             finally:
                 self.ema.swap(self.model)
-        if self.fsdp:
-            from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+        return sd.full_model_state(self.model, self.fsdp)
 
-            opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
-            return get_model_state_dict(self.model, options=opts)
-        return {k: v.detach().cpu() for k, v in self.model.state_dict().items()}
-
-    def _set_full_state(self, state: dict[str, torch.Tensor]) -> None:
-        if self.fsdp:
-            from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
-
-            set_model_state_dict(self.model, state, options=StateDictOptions(full_state_dict=True))
-        else:
-            self.model.load_state_dict(state)
-
-    def _optim_state(self) -> dict:
-        if self.fsdp:
-            from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
-
-            opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
-            return get_optimizer_state_dict(self.model, self.optimizer, options=opts)
-        return self.optimizer.state_dict()
-
-    def _set_optim_state(self, state: dict) -> None:
-        if self.fsdp:
-            from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
-
-            opts = StateDictOptions(full_state_dict=True)
-            set_optimizer_state_dict(self.model, self.optimizer, optim_state_dict=state, options=opts)
-        else:
-            self.optimizer.load_state_dict(state)
-
-    def _export(self, state: dict[str, torch.Tensor], folder: Path) -> None:
-        """Write a policy folder (weights + config.json, config.yaml, norm_stats.json) from a full state."""
-        with torch.device("meta"):
-            m = VLA(self.cfg.model)
-        t = self.cfg.train
-        if t.lora_rank > 0:
-            apply_lora(m, t.lora_targets, t.lora_rank, t.lora_alpha, t.lora_dropout)
-            # merging writes into the base weights: copy, since ``state`` may alias the live model
-            state = {k: v.clone() for k, v in state.items()}
-        m.load_state_dict(state, assign=True)
-        m.head.copy_extra_from(self.model.head)  # e.g. a fitted action tokenizer
-        if t.lora_rank > 0:
-            save_file(
-                {k: v.contiguous() for k, v in lora_state_dict(m).items()},
-                str(folder / "adapter.safetensors"),
-            )
-            remove_lora(m)  # merge: the exported weights are plain and load without LoRA code
-        m.save_pretrained(folder)
-        ck.write_common(folder, self.cfg, self.normalizer, getattr(self, "data_root", None))
-
-    def save(self) -> Path:
+    def save(self, policy: bool = False) -> Path:
         """Write checkpoint ``step_<step>`` (all ranks must call). Returns its folder."""
         self.stop.saving = True  # a Ctrl-C now stops at once instead of after this save
         try:
-            return self._save()
+            return self._save(policy)
         except OSError as e:
             if e.errno not in (errno.ENOSPC, errno.EDQUOT):
                 raise
@@ -445,46 +395,59 @@ class Trainer:
             tmp = ck.tmp_dir(self.run_dir, self.step)
             shutil.rmtree(tmp, ignore_errors=True)
             full = OSError(e.errno, e.strerror, str(tmp.parent))
-            full.needed_bytes = self._checkpoint_bytes()
+            full.needed_bytes = sd.checkpoint_bytes(self.model, self.optimizer, self.ema is not None)
             raise full from e
         finally:
             self.stop.saving = False
 
-    def _checkpoint_bytes(self) -> int:
-        """About what one checkpoint writes: the weights (twice with EMA) and the optimizer state."""
-        weights = sum(v.numel() * v.element_size() for v in self.model.state_dict().values())
-        optim = sum(
-            v.numel() * v.element_size()
-            for st in self.optimizer.state.values()
-            for v in st.values()
-            if isinstance(v, torch.Tensor)
-        )
-        return weights * (2 if self.ema is not None else 1) + optim
+    @property
+    def sharded(self) -> bool:
+        """Checkpoints are ``torch.distributed.checkpoint`` shards (train/sharded.py)."""
+        f = self.cfg.train.checkpoint_format
+        return f == "sharded" or (f == "auto" and self.fsdp)
 
-    def _save(self) -> Path:
-        tmp = ck.tmp_dir(self.run_dir, self.step)
+    def _write_policy(self, folder: Path) -> None:
+        """A policy folder (and ``ema/``) from the gathered weights (collective; rank 0 writes)."""
         full = self._full_state()
         ema_full = self._full_state(ema=True) if self.ema is not None else None
-        optim = self._optim_state()
+        if self.is_main:
+            extra = (self.model.head, self.normalizer, getattr(self, "data_root", None))
+            sd.export_policy(full, folder, self.cfg, *extra)
+            if ema_full is not None:
+                (folder / "ema").mkdir(exist_ok=True)
+                sd.export_policy(ema_full, folder / "ema", self.cfg, *extra)
+
+    def _save(self, policy: bool = False) -> Path:
+        """Checkpoint ``step``. Gathered: a policy folder plus the training state. Sharded: each
+        rank's shards in ``dcp/``, the config and statistics, and a policy folder only where asked
+        (``policy``: an evaluation reads it)."""
+        tmp = ck.tmp_dir(self.run_dir, self.step)
         if self.is_main:
             ck.begin(self.run_dir, self.step)
-            self._export(full, tmp)
-            if ema_full is not None:
-                (tmp / "ema").mkdir()
-                self._export(ema_full, tmp / "ema")
+        self._barrier()
+        if self.sharded:
+            sd.save_sharded(tmp, self.model, self.optimizer, self.ema)
+            if policy:
+                self._write_policy(tmp)
+            elif self.is_main:
+                ck.write_common(tmp, self.cfg, self.normalizer, getattr(self, "data_root", None))
+        else:
+            self._write_policy(tmp)
+            optim = sd.full_optim_state(self.model, self.optimizer, self.fsdp)
+        if self.is_main:
             state = {
                 "step": self.step,
                 "position": self.position,
                 "bad_total": self.bad_total,
                 "world_size": self.dist.world_size,
-                "optimizer": optim,
+                "optimizer": None if self.sharded else optim,
                 "scheduler": self.scheduler.state_dict(),
                 "scaler": self.scaler.state_dict() if self.scaler is not None else None,
             }
             save_state(state, tmp / "train_state", "state")
         self._barrier()
         local = {"rng": rng_state(self._generators())}
-        if self.ema is not None:
+        if self.ema is not None and not self.sharded:
             local["ema"] = self.ema.state_dict()  # local shards under FSDP2
         save_state(local, tmp / "train_state", f"rank{self.dist.rank}")
         self._barrier()
@@ -504,30 +467,46 @@ class Trainer:
         if changed:
             self.warnings.append(f"resuming {path.name} with changed settings: {', '.join(changed)}")
         state = load_state(path / "train_state", "state")
-        if state["world_size"] != self.dist.world_size and self.ema is not None:
+        written_by, world = state["world_size"], self.dist.world_size
+        sharded = sd.is_sharded(path)
+        if written_by != world and self.ema is not None and not sharded:
             raise ValueError(
-                f"cannot resume from {path}: it was written by {state['world_size']} processes and this run "
-                f"has {self.dist.world_size}; EMA shards are per process"
+                f"cannot resume from {path}: it was written by {written_by} processes and this run "
+                f"has {world}; its EMA shards are per process (train.checkpoint_format=sharded "
+                "checkpoints resume on any number)"
             )
         t = self.cfg.train
-        if t.lora_rank > 0:
-            base = load_safetensors(self.run_dir / "lora_base" / "model.safetensors")
-            full = {k: base[k.replace(".base.", ".")] for k in self.model.state_dict() if ".lora_" not in k}
-            full.update(load_safetensors(path / "adapter.safetensors"))
+        if sharded:
+            sd.load_sharded(path, self.model, self.optimizer, self.ema)
         else:
-            full = load_safetensors(path / "model.safetensors")
-        self._set_full_state(full)
-        self._set_optim_state(state["optimizer"])
+            if t.lora_rank > 0:
+                base = load_safetensors(self.run_dir / "lora_base" / "model.safetensors")
+                full = {
+                    k: base[k.replace(".base.", ".")] for k in self.model.state_dict() if ".lora_" not in k
+                }
+                full.update(load_safetensors(path / "adapter.safetensors"))
+            else:
+                full = load_safetensors(path / "model.safetensors")
+            sd.set_full_model_state(self.model, full, self.fsdp)
+            sd.set_full_optim_state(self.model, self.optimizer, state["optimizer"], self.fsdp)
         self.scheduler.load_state_dict(state["scheduler"])
         if self.scaler is not None and state["scaler"]:
             self.scaler.load_state_dict(state["scaler"])
         rank_file = path / "train_state" / f"rank{self.dist.rank}.json"
-        if rank_file.exists():
+        if written_by == world and rank_file.exists():
             local = load_state(path / "train_state", f"rank{self.dist.rank}")
             set_rng_state(local["rng"], self._generators())
-            if self.ema is not None:
+            if self.ema is not None and not sharded:
                 self.ema.load_state_dict(local["ema"])
-        self.step, self.position, self.bad_total = state["step"], state["position"], state["bad_total"]
+        elif written_by != world:
+            self.warnings.append(
+                f"resuming {path.name}, written by {written_by} processes, on {world}: the global batch is "
+                f"{t.batch_size * t.grad_accum * world} samples now; random streams restart from train.seed"
+            )
+        self.step, self.bad_total = state["step"], state["bad_total"]
+        self.position = sd.rescale_position(
+            state["position"], len(self.dataset), t.batch_size, written_by, world
+        )
 
     def _barrier(self) -> None:
         if self.dist.enabled:
@@ -756,7 +735,7 @@ class Trainer:
         evaluate_now = t.eval_every > 0 and self.step % t.eval_every == 0
         ckpt = None
         if self.step % t.save_every == 0 or self.step == end or evaluate_now:
-            ckpt = self.save()
+            ckpt = self.save(policy=evaluate_now)
         if evaluate_now:
             self.evaluate(ckpt)
         return ckpt
@@ -766,7 +745,9 @@ class Trainer:
         if last_ckpt is None:  # resumed at the end: nothing new to save
             last_ckpt = ck.latest_checkpoint(self.run_dir)
         final = None
-        if self.is_main and last_ckpt is not None:
+        if last_ckpt is not None and self.sharded and sd.is_sharded(last_ckpt):
+            final = self._export_final_gathered()
+        elif self.is_main and last_ckpt is not None:
             final = ck.export_final(self.run_dir, last_ckpt)
         self._barrier()
         self.logger.close()
@@ -783,6 +764,22 @@ class Trainer:
                 json.dumps({k: v for k, v in summary.items() if k != "losses"}, indent=2)
             )
         return summary
+
+    def _export_final_gathered(self) -> Path:
+        """``<run>/final`` from the live weights, gathered once (collective): sharded checkpoints
+        hold no policy folder to copy. Written beside, then renamed, like ``ck.export_final``."""
+        tmp, final = self.run_dir / ".tmp-final", self.run_dir / "final"
+        if self.is_main:
+            shutil.rmtree(tmp, ignore_errors=True)
+            tmp.mkdir(parents=True)
+        self._barrier()
+        self._write_policy(tmp)
+        if self.is_main:
+            if final.exists():
+                shutil.rmtree(final)
+            tmp.rename(final)
+        self._barrier()
+        return final
 
     def evaluate(self, ckpt: Path) -> dict | None:
         """Closed-loop evaluation of ``ckpt`` (its EMA weights when present) on rank 0."""

@@ -90,6 +90,12 @@ def locate(spec: str | Path | Checkpoint) -> Checkpoint:
         return spec
     folder = resolve_checkpoint(spec)
     cfg_file = folder / "config.json"
+    if not cfg_file.exists() and (folder / "dcp" / ".metadata").is_file():
+        raise ValueError(
+            f"{folder}: a sharded training checkpoint (train.checkpoint_format=sharded: each rank's "
+            "shards, no policy folder); `vla train --resume` continues it, and the run's policy is "
+            "its final/ folder (checkpoints at train.eval_every steps also hold one)"
+        )
     if not cfg_file.exists():
         raise ValueError(f"{folder}: missing config.json (not a vlastack, LeRobot or openpi checkpoint)")
     meta = read_json(cfg_file)
