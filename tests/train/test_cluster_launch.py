@@ -104,3 +104,16 @@ def test_sbatch_two_nodes_ddp_equals_one_process(sim_data, tmp_path):
     assert len(ddp) == len(single) == STEPS
     worst = max(abs(a - b) / max(abs(b), 1e-6) for a, b in zip(ddp, single, strict=True))
     assert worst < 1e-4, (worst, ddp[:5], single[:5])
+
+
+@pytest.mark.slow
+def test_sbatch_two_nodes_ddp_with_lora(sim_data, tmp_path):
+    """DDP with LoRA: the last VLM layer's query and output projections feed no loss (only its keys
+    and values are read), so they get no adapters (``VLA.unreachable_linears``); DDP used to stop
+    there with "Parameter indices which did not receive grad". The export merges the adapters."""
+    from vlastack.infer.policy import Policy
+
+    run = tmp_path / "lora"
+    _sbatch(sim_data, tmp_path, run, "train.steps=3 train.batch_size=4 train.lora_rank=4")
+    assert len(_losses(run)) == 3 and (run / "final" / "adapter.safetensors").exists()
+    Policy.from_pretrained(str(run / "final"))

@@ -58,7 +58,9 @@ def _build(cfg: Config, fused: bool = False, wrap=None):
     model = build_model(cfg.model)
     freeze_parts(model, t)
     if t.lora_rank > 0:
-        apply_lora(model, t.lora_targets, t.lora_rank, t.lora_alpha, t.lora_dropout)
+        apply_lora(
+            model, t.lora_targets, t.lora_rank, t.lora_alpha, t.lora_dropout, model.unreachable_linears
+        )
         freeze_parts(model, t)  # as the trainer: a frozen part's adapters stay frozen
     if t.activation_checkpointing:
         apply_activation_checkpointing(model)

@@ -15,6 +15,7 @@ heads see it only as a ``Backbone``.
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +44,14 @@ class VLA(Backbone):
         for name in self.head.frozen_backbone_params(self):
             self.get_parameter(name).requires_grad_(False)
         self.reset_parameters()
+
+    @property
+    def unreachable_linears(self) -> list[str]:
+        """Regexes of the linear layers no loss reaches (their weights are frozen above): LoRA
+        leaves them unwrapped (``apply_lora(..., exclude=model.unreachable_linears)``), since an
+        adapter there would never get a gradient, which DDP refuses."""
+        frozen = self.head.frozen_backbone_params(self)
+        return [re.escape(n.removesuffix(".weight")) + "$" for n in frozen if n.endswith(".weight")]
 
     @torch.no_grad()
     def reset_parameters(self, std: float = 0.02) -> None:

@@ -55,7 +55,7 @@ def export_policy(
         m = VLA(cfg.model)
     t = cfg.train
     if t.lora_rank > 0:
-        apply_lora(m, t.lora_targets, t.lora_rank, t.lora_alpha, t.lora_dropout)
+        apply_lora(m, t.lora_targets, t.lora_rank, t.lora_alpha, t.lora_dropout, m.unreachable_linears)
         # merging writes into the base weights: copy, since ``state`` may alias the live model
         state = {k: v.clone() for k, v in state.items()}
     m.load_state_dict(state, assign=True)
@@ -153,7 +153,9 @@ def _state(model: nn.Module, optimizer: torch.optim.Optimizer, ema) -> dict:
 def _quiet_single_process():
     # One process without a process group is a supported case (DCP says it assumes it): not news.
     with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized")
+        warnings.filterwarnings(
+            "ignore", message="torch.distributed is disabled, unavailable or uninitialized"
+        )
         yield
 
 

@@ -294,7 +294,9 @@ class Trainer:
             base_dir = self.run_dir / "lora_base"
             if self.is_main and not (base_dir / "model.safetensors").exists():
                 model.save_pretrained(base_dir)  # adapters are saved alone; resume needs the base
-            apply_lora(model, t.lora_targets, t.lora_rank, t.lora_alpha, t.lora_dropout)
+            apply_lora(
+                model, t.lora_targets, t.lora_rank, t.lora_alpha, t.lora_dropout, model.unreachable_linears
+            )
             # apply_lora makes every adapter trainable; a part frozen with lr 0 keeps its adapters
             # frozen too, so it runs no backward and holds no activations for one
             freeze_parts(model, t)
