@@ -304,3 +304,60 @@ def test_libero_episodes_are_lerobots_at_batch_size_n(case):
         _case(env, fx, case["tag"], fx["actions"], case["seed"])
     finally:
         env.close()
+
+
+def test_expert_footprint_geometry():
+    """The expert's grasp geometry on a known footprint: a 4 x 8 cm box turned 30 degrees."""
+    from vlastack.sim.libero_expert import narrow_yaw, width_along
+
+    yaw = np.deg2rad(30)
+    rot = np.array([[np.cos(yaw), -np.sin(yaw)], [np.sin(yaw), np.cos(yaw)]])
+    corners = np.array([[sx * 0.04, sy * 0.02] for sx in (-1, 1) for sy in (-1, 1)]) @ rot.T
+    assert width_along(corners, yaw) == pytest.approx(0.08)
+    assert width_along(corners, yaw + np.pi / 2) == pytest.approx(0.04)
+    across = narrow_yaw(corners)  # the short side's direction, up to a half turn
+    assert abs(np.sin(across - (yaw + np.pi / 2))) < 1e-6 or abs(np.sin(across - yaw - np.pi / 2)) < 1e-6
+    assert width_along(corners, across) == pytest.approx(0.04)
+
+
+@needs_libero
+@pytest.mark.slow
+def test_scripted_expert_makes_a_libero_object_dataset_vlastack_reads(tmp_path):
+    """The scripted expert solves libero_object episodes from LIBERO's fixed states and from random
+    placements; ``vla data generate`` records the random ones (none of them an evaluation layout)
+    with LeRobot's LIBERO keys, and a model with cameras ``image``, ``image2`` reads both."""
+    from vlastack.config import load_config
+    from vlastack.data.samples import VLADataset
+    from vlastack.sim.env import make_env
+    from vlastack.sim.generate import generate
+
+    for init_states, seed in ((True, 1001), (False, 3)):
+        env = make_env("libero_object/1", suite="libero_object", cameras=(), init_states=init_states)
+        env.reset(seed=seed)
+        assert env.init_state == (1 if init_states else -1)
+        for _ in range(env.max_steps):
+            _, _, term, trunc, info = env.step(env.expert_action())
+            if term or trunc:
+                break
+        env.close()
+        assert info["success"], (init_states, seed)
+    out = tmp_path / "data"
+    report = generate(out, suite="libero_object", tasks=["1"], episodes_per_task=1, workers=0,
+                      image_size=32, progress=False)  # fmt: skip
+    assert report["episodes"] == 1
+    info = json.loads((out / "meta" / "info.json").read_text())
+    assert info["robot_type"] == "panda" and info["fps"] == 20
+    assert {"observation.images.image", "observation.images.image2"} <= set(info["features"])
+    assert info["features"]["observation.state"]["shape"] == [8] and info["features"]["action"]["shape"] == [
+        7
+    ]
+    cfg = load_config("tiny", overrides=["model.camera_names=[image,image2]", "model.state_dim=8",
+                                         "model.action_dim=7"])  # fmt: skip
+    sample = VLADataset(cfg, out)[0]
+    assert sample["image_mask"].all()
+    env = make_env("libero_spatial/0", suite="libero_spatial", cameras=())
+    try:
+        with pytest.raises(ValueError, match="scripted expert"):
+            env.expert_action()
+    finally:
+        env.close()

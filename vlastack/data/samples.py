@@ -5,7 +5,8 @@
                # actions [H, A_model] (normalized), action_is_pad [H], action_dim_mask [A_model]
 
 Camera slot i reads ``camera_key(cfg.model.camera_names[i])``: ``observation.images.<name>``, or
-LeRobot's single-camera ``observation.image`` for the name ``image`` (Meta-World, PushT); a camera the dataset does
+LeRobot's single-camera ``observation.image`` for the name ``image`` (Meta-World, PushT; a dataset
+that has ``observation.images.image`` instead, as LeRobot's LIBERO ones, is read there); a camera the dataset does
 not have is zeros with ``image_mask`` False. State/action are normalized with the dataset's
 ``meta/stats.json`` (modes from ``cfg.data.norm``) and zero-padded to ``model.state_dim`` /
 ``model.action_dim``. ``ds.normalizer`` is what the trainer saves as ``norm_stats.json``.
@@ -46,6 +47,13 @@ SINGLE_CAMERA = "image"  # LeRobot's one-camera datasets store it as "observatio
 def camera_key(name: str) -> str:
     """Dataset key of camera ``name``: ``observation.images.<name>``, or ``observation.image``."""
     return "observation.image" if name == SINGLE_CAMERA else f"observation.images.{name}"
+
+
+def dataset_camera_key(name: str, keys) -> str:
+    """``camera_key(name)``, or ``observation.images.<name>`` where only that is in ``keys`` (LeRobot's
+    LIBERO datasets name their agentview camera ``observation.images.image``)."""
+    key, full = camera_key(name), f"observation.images.{name}"
+    return full if key not in keys and full in keys else key
 
 
 def normalizer_from_stats(stats: dict, cfg: Config) -> Normalizer:
@@ -118,7 +126,7 @@ class VLADataset(Dataset):
                     f"without it run `vla data add-uv {root}`, else regenerate the data or set "
                     "model.grounding.attend_weight=0"
                 )
-        self.cam_keys = [camera_key(c) for c in m.camera_names]
+        self.cam_keys = [dataset_camera_key(c, self.ds.camera_keys) for c in m.camera_names]
         self.present = [k in self.ds.camera_keys for k in self.cam_keys]
         if not any(self.present):
             raise ValueError(

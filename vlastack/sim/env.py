@@ -199,6 +199,7 @@ def make_env(
     camera_map: dict[str, str | None] | None = None,
     action_representation: str = "delta",
     lerobot_batch_size: int = 1,
+    init_states: bool = True,
 ):
     """Build one env of ``suite``. ``seed`` seeds the first ``reset`` if given. ``image_size`` and
     ``cameras`` default to the suite's own (builtin: 64 px, scene + wrist; Meta-World: LeRobot's
@@ -208,9 +209,12 @@ def make_env(
     camera -> ``agentview`` / ``wrist`` / None where the names do not say (``libero.match_cameras``);
     ``action_representation``: ``delta`` or ``absolute`` (builtin and dynamic suites only; see the
     module docstring); ``lerobot_batch_size``: LIBERO only, the envs per task of the lerobot-eval
-    run to match (``libero.LiberoEnv``)."""
+    run to match (``libero.LiberoEnv``); ``init_states``: LIBERO only, False places the objects at
+    random (seeded) instead of LIBERO's fixed initial states (demonstrations)."""
     if lerobot_batch_size != 1 and suite not in LIBERO_SUITES:
         raise ValueError(f"lerobot_batch_size applies to the LIBERO suites, not {suite!r}")
+    if not init_states and suite not in LIBERO_SUITES:
+        raise ValueError(f"init_states applies to the LIBERO suites, not {suite!r}")
     check_representation(action_representation, suite if suite in ALL_SUITES else "builtin")
     cameras = tuple(cameras) if cameras is not None else default_cameras(suite)  # () = render nothing
     if suite == "metaworld":
@@ -223,7 +227,14 @@ def make_env(
         from vlastack.sim.libero import LiberoEnv
 
         env = LiberoEnv(
-            suite, task_name, image_size or LIBERO_SIZE, cameras, max_steps, camera_map, lerobot_batch_size
+            suite,
+            task_name,
+            image_size or LIBERO_SIZE,
+            cameras,
+            max_steps,
+            camera_map,
+            lerobot_batch_size,
+            init_states,
         )
     elif suite in SUITES:
         env = BuiltinEnv(task_name, image_size=image_size or 64, cameras=cameras, max_steps=max_steps or None,

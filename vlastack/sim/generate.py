@@ -55,7 +55,7 @@ import numpy as np
 
 from vlastack.folderlock import FolderLock
 from vlastack.progress import Progress
-from vlastack.sim.env import ALL_TASKS, SUITES
+from vlastack.sim.env import ALL_TASKS, LIBERO_SUITES, SUITES
 from vlastack.sim.scene import MAX_DELTA, STATE_DIM
 
 EVAL_SEED_START = 1_000_000  # EvalConfig.seed: generation seeds must stay below it
@@ -153,7 +153,7 @@ def _job(task: str, seed: int, env_kw: dict, noise: float, settle: int = 0) -> d
             _ENVS[key] = make_env(task, **kw)  # (its renderer closes itself at exit: render.close_at_exit)
         return _ENVS[key]
 
-    if env_kw.get("suite") == "metaworld" and env_kw.get("cameras"):
+    if env_kw.get("suite") in ("metaworld", *LIBERO_SUITES) and env_kw.get("cameras"):
         # A 480 px frame is ~all of a Meta-World step's time (72-82 ms against 1.3 ms blind, on a
         # 2-core EPYC), and a failed attempt runs all 500 steps: the expert is first played blind
         # (physics only: rendering reads the state, never changes it) and rendered only when it
@@ -188,7 +188,8 @@ def _episode_features(
         "shape": [image_size, image_size, 3],
         "names": ["height", "width", "channels"],
     }
-    features = {camera_key(c): dict(img_ft) for c in cameras}
+    key = (lambda c: f"observation.images.{c}") if suite in LIBERO_SUITES else camera_key  # LeRobot's names
+    features = {key(c): dict(img_ft) for c in cameras}
     features["observation.state"] = {"dtype": "float32", "shape": [state_dim], "names": None}
     features["action"] = {"dtype": "float32", "shape": [action_dim], "names": None}
     features[REWARD_KEY] = {"dtype": "float32", "shape": [1], "names": None}
@@ -298,6 +299,10 @@ def _generate(
             "disjoint from evaluation seeds"
         )
     env_kw = {"image_size": image_size, "cameras": cameras, "suite": suite, "render_quality": render_quality}
+    if suite in LIBERO_SUITES:
+        # LIBERO fixes its 50 evaluation layouts; demonstrations come from the task's own random
+        # placements (seeded), none of which is an evaluation layout.
+        env_kw["init_states"] = False
     if action_representation != "delta":  # checked by make_env: builtin and dynamic suites only
         env_kw["action_representation"] = action_representation
     probe = make_env(names[0], **env_kw)
@@ -325,7 +330,9 @@ def _generate(
         out,
         fps=fps,
         features=_episode_features(suite, cameras, image_size, state_dim, action_dim, action_representation),
-        robot_type="metaworld" if suite == "metaworld" else f"vlastack_{suite}",
+        robot_type={"metaworld": "metaworld", **dict.fromkeys(LIBERO_SUITES, "panda")}.get(
+            suite, f"vlastack_{suite}"
+        ),
         overwrite=overwrite,
         video_pix_fmt=pix_fmt,
         video_crf=crf,
@@ -351,7 +358,10 @@ def _generate(
     bar = Progress(episodes, "generate", "episode", enabled=progress)
 
     def write(ep: dict) -> None:
-        data = {camera_key(c): ep["images"][c] for c in cameras}
+        data = {
+            (f"observation.images.{c}" if suite in LIBERO_SUITES else camera_key(c)): ep["images"][c]
+            for c in cameras
+        }
         data.update({"observation.state": ep["state"], "action": ep["action"]})
         data.update({REWARD_KEY: ep["reward"], SUCCESS_KEY: ep["next_success"]})
         if "privileged" in ep:

@@ -18,6 +18,9 @@ checked against a frozen fixture recorded with LeRobot itself (``scripts/make_li
 - reset: a hard reset, the task's fixed initial state ``seed % 50`` (lerobot-eval's episode j, seed
   1000 + j, starts from initial state j), then 10 no-op steps ``[0, 0, 0, 0, 0, 0, -1]`` so the
   objects settle; relative (delta) end-effector control.
+- ``init_states=False`` (LeRobot's option of the same name): reset places the objects by the task's
+  own random placement, seeded by ``seed``, instead of a fixed initial state: demonstrations from
+  layouts the 50 evaluation states do not contain (``vla data generate``, ``expert_action``).
 - actions: 7 floats (delta position, delta axis-angle, gripper -1 open / +1 close), passed through
   unchanged as LeRobot does (robosuite's controller clips them).
 - episodes end at the task's success predicate or after the suite's limit (``MAX_STEPS``: 280 for
@@ -198,10 +201,13 @@ class LiberoEnv(gym.Env):
         max_steps: int = 0,
         camera_map: dict[str, str | None] | None = None,
         lerobot_batch_size: int = 1,
+        init_states: bool = True,
     ):
         if lerobot_batch_size < 1:
             raise ValueError(f"lerobot_batch_size must be >= 1, got {lerobot_batch_size}")
         self.lerobot_batch_size = lerobot_batch_size
+        self.init_states = init_states
+        self._expert = None
         bench = _suite(suite)
         _, get_libero_path, offscreen_env = _import_libero()
         task_id = int(task_keys(suite, [str(task)])[0].rsplit("/", 1)[1])
@@ -217,7 +223,7 @@ class LiberoEnv(gym.Env):
         t = bench.get_task(task_id)
         self.task_name, self.prompt = f"{suite}/{task_id}", t.language
         self.task_full_name = t.name
-        self.init_states = np.asarray(bench.get_task_init_states(task_id))
+        self.fixed_states = np.asarray(bench.get_task_init_states(task_id))
         self.cameras = tuple(cameras)
         self.camera_map = match_cameras(self.cameras, camera_map) if self.cameras else {}
         if not self.cameras and camera_map:
@@ -232,6 +238,9 @@ class LiberoEnv(gym.Env):
             control_freq=CONTROL_FREQ, hard_reset=True, use_camera_obs=bool(sources),
             camera_names=sources or ["agentview"],
         )  # fmt: skip
+        from vlastack.sim.render import close_at_exit
+
+        close_at_exit(self)  # an env still open at exit (a cache's) frees its EGL context in time
         img = spaces.Box(0, 255, (image_size, image_size, 3), np.uint8)
         self.observation_space = spaces.Dict(
             {
@@ -261,18 +270,21 @@ class LiberoEnv(gym.Env):
     def reset(self, *, seed: int | None = None, options: dict | None = None):
         super().reset(seed=seed)
         seed = 0 if seed is None else int(seed)
-        self.init_state = seed % len(self.init_states)
-        loads = 2 + self.init_state // self.lerobot_batch_size  # earlier loads of its (sub-)env
+        fixed = self.init_states
+        self.init_state = seed % len(self.fixed_states) if fixed else -1
+        loads = 2 + max(self.init_state, 0) // self.lerobot_batch_size  # earlier loads of its (sub-)env
         self._inner.object_property_initializers[:] = self._samplers_per_load * loads
         self.env.seed(seed)
-        self.env.reset()
-        raw = self.env.set_init_state(self.init_states[self.init_state])
+        raw = self.env.reset()  # random placement, seeded
+        if fixed:
+            raw = self.env.set_init_state(self.fixed_states[self.init_state])
         for _ in range(NUM_STEPS_WAIT):
             raw, _, _, _ = self.env.step(list(NOOP))
         for robot in self.env.robots:
             robot.controller.use_delta = True  # relative control (LeRobot's control_mode default)
         self.t = 0
         self._raw = raw
+        self._expert = None
         info = {"task": self.task_name, "success": False, "init_state": self.init_state}
         return self._obs(raw), info
 
@@ -301,6 +313,17 @@ class LiberoEnv(gym.Env):
             ]
         ).astype(np.float32)
         return {"images": images, "state": state, "prompt": self.prompt}
+
+    def expert_action(self) -> np.ndarray:
+        """The scripted expert's next action for this episode (``sim/libero_expert.py``; built
+        for libero_object: a ValueError elsewhere)."""
+        if self.suite != "libero_object":
+            raise ValueError(f"no scripted expert for {self.suite} (libero_object has one)")
+        if self._expert is None:
+            from vlastack.sim.libero_expert import PickPlaceExpert
+
+            self._expert = PickPlaceExpert(self)
+        return self._expert.act(self._raw)
 
     def close(self) -> None:
         env, self.env = getattr(self, "env", None), None
