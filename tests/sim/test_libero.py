@@ -361,3 +361,38 @@ def test_scripted_expert_makes_a_libero_object_dataset_vlastack_reads(tmp_path):
             env.expert_action()
     finally:
         env.close()
+
+
+# Python 3.11 here against LeRobot's 3.12: bit-equal until the gripper touches the object (step 65),
+# then up to 9.4e-6 in the state (56/255 in the last image); the success step is the same. The
+# cause is not isolated (numpy 2.2.6 on 3.11 changes nothing; numba off on our side changes the
+# drift, so ulp-level arithmetic in the control loop is amplified by contact): docs/libero.md.
+LONG_EXACT_STEPS, LONG_STATE_TOL = 60, 2e-5
+
+
+@needs_libero
+@pytest.mark.slow
+def test_a_long_scripted_libero_episode_replays_as_in_lerobot():
+    """178 actions of the scripted expert (libero_object task 6, initial state 17), replayed in
+    LeRobot's LiberoEnv (``make_libero_lerobot_fixture.py --long``) and here: the same state at
+    every step before contact (1e-6), within the measured drift after it, the same success step."""
+    from vlastack.sim.env import make_env
+
+    meta = json.loads((FIXTURE / "long_meta.json").read_text())
+    fx = np.load(FIXTURE / "long.npz")
+    c = meta["case"]
+    env = make_env(f"{c['suite']}/{c['task_id']}", suite=c["suite"], image_size=meta["image_size"])
+    try:
+        env.reset(seed=c["seed"])
+        errors, successes = [], []
+        for t, a in enumerate(fx["actions"]):
+            obs, _, _, _, info = env.step(a)
+            errors.append(float(np.abs(obs["state"] - fx["states"][t]).max()))
+            successes.append(info["success"])
+            if t == 0:
+                np.testing.assert_array_equal(obs["images"]["image"], fx["image/0"])
+    finally:
+        env.close()
+    assert max(errors[:LONG_EXACT_STEPS]) <= 1e-6, errors[:LONG_EXACT_STEPS]
+    assert max(errors) <= LONG_STATE_TOL, max(errors)
+    assert successes == list(fx["successes"]) and meta["first_success_step"] == len(successes) >= 100
