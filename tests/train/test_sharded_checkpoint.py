@@ -119,7 +119,9 @@ def test_fsdp_sharded_checkpoints_resume_on_other_world_sizes(sim_data, tmp_path
     assert len(list((c / "dcp").glob("*.distcp"))) == 2  # one file per rank
     two = tmp_path / "two_final"
     (run / "final").rename(two)
-    _torchrun(1, cfg, sim_data, run, "train.steps=6", "--resume")  # nothing to train: export only
+    # nothing to train: export only (with the format left to auto, which would write policy folders
+    # on one process: the final export still gathers from the sharded checkpoint)
+    _torchrun(1, cfg, sim_data, run, "train.steps=6", "train.checkpoint_format=auto", "--resume")
     _same_weights(two, run / "final")
     _torchrun(1, cfg, sim_data, run, "train.steps=9", "train.save_every=3", "--resume")
     one = tmp_path / "one_final"

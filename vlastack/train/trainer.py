@@ -747,7 +747,7 @@ class Trainer:
         if last_ckpt is None:  # resumed at the end: nothing new to save
             last_ckpt = ck.latest_checkpoint(self.run_dir)
         final = None
-        if last_ckpt is not None and self.sharded and sd.is_sharded(last_ckpt):
+        if last_ckpt is not None and sd.is_sharded(last_ckpt):  # no weights there to copy
             final = self._export_final_gathered()
         elif self.is_main and last_ckpt is not None:
             final = ck.export_final(self.run_dir, last_ckpt)
