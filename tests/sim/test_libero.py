@@ -262,13 +262,12 @@ def test_lerobot_batch_size_sets_the_reset_count_of_episode_js_sub_env():
     try:
         per = len(env._samplers_per_load)
         assert per > 0  # this scene has samplers (else the count would say nothing)
-        for n in (2, 10, 1):
+        for n, j in ((2, 11), (10, 3), (10, 11), (1, 3)):  # each reset loads the scene (~2 s)
             env.lerobot_batch_size = n
-            for j in (3, 11):
-                env.reset(seed=1000 + j)
-                assert env.init_state == j
-                # the reset's own load appends one more set: its (3 + j // N)-th load
-                assert len(env._inner.object_property_initializers) == per * (3 + j // n), (n, j)
+            env.reset(seed=1000 + j)
+            assert env.init_state == j
+            # the reset's own load appends one more set: its (3 + j // N)-th load
+            assert len(env._inner.object_property_initializers) == per * (3 + j // n), (n, j)
     finally:
         env.close()
     with pytest.raises(ValueError, match="LIBERO suites"):
@@ -277,13 +276,11 @@ def test_lerobot_batch_size_sets_the_reset_count_of_episode_js_sub_env():
 
 def _batch_cases() -> list:
     meta = json.loads((FIXTURE / "batch_meta.json").read_text())
-    return [
-        pytest.param(c, id=c["tag"], marks=() if i == 0 else pytest.mark.slow)
-        for i, c in enumerate(meta["cases"])
-    ]
+    return [pytest.param(c, id=c["tag"]) for c in meta["cases"]]
 
 
 @needs_libero
+@pytest.mark.slow  # 10-20 s a case (a reset loads the scene); the default suite keeps N = 1's case
 @pytest.mark.parametrize("case", _batch_cases())
 def test_libero_episodes_are_lerobots_at_batch_size_n(case):
     """lerobot-eval at ``eval.batch_size`` N > 1 (LeRobot's own async vector env, recorded by

@@ -23,7 +23,7 @@ from vlastack.train.sharded import is_sharded, rescale_position
 from vlastack.train.trainer import Trainer
 
 ROOT = Path(__file__).resolve().parents[2]
-OV = ("train.steps=6", "train.save_every=3", "train.ema_decay=0.9", "train.checkpoint_format=sharded")
+OV = ("train.steps=4", "train.save_every=2", "train.ema_decay=0.9", "train.checkpoint_format=sharded")
 
 
 def _losses(run):
@@ -42,7 +42,7 @@ def test_sharded_resume_is_bit_exact_and_the_final_policy_is_one_folder(tmp_path
     ds = FakeDataset(cfg, n=24)
     a, b = tmp_path / "a", tmp_path / "b"
     full = Trainer(cfg, run_dir=a, dataset=ds).fit()
-    Trainer(cfg, run_dir=b, dataset=ds).fit(stop_after=3)
+    Trainer(cfg, run_dir=b, dataset=ds).fit(stop_after=2)
     c = ck.latest_checkpoint(b)
     assert is_sharded(c) and not (c / "model.safetensors").exists()  # no gathered copy
     assert (c / "config.yaml").exists() and len(list((c / "dcp").glob("*.distcp"))) == 1
