@@ -54,6 +54,7 @@ def main() -> None:
     ap.add_argument("--states", type=int, default=50, help="fixed initial states per task (0..N-1)")
     ap.add_argument("--random", type=int, default=10, help="random placements per task (seeds 0..N-1)")
     ap.add_argument("--tasks", default="0,1,2,3,4,5,6,7,8,9")
+    ap.add_argument("--merge", action="store_true", help="keep the other tasks already recorded")
     args = ap.parse_args()
     from vlastack.sim.env import make_env
 
@@ -81,6 +82,9 @@ def main() -> None:
             rows[f"{args.suite}/{task}"] = row
             print(f"{args.suite}/{task}: " + ", ".join(f"{m} {v['successes']}/{v['episodes']}" for m, v in row.items()),
                   flush=True)  # fmt: skip
+    # Tasks run apart (--tasks, e.g. two processes on two cores) are merged into one record.
+    data = json.loads(OUT.read_text()) if OUT.exists() else {}
+    rows = {**data.get(args.suite, {}).get("tasks", {}), **rows} if args.merge else rows
     total = {}
     for mode in ("fixed", "random"):
         k = sum(r[mode]["successes"] for r in rows.values() if mode in r)
@@ -88,7 +92,6 @@ def main() -> None:
         if n:
             total[mode] = {"successes": k, "episodes": n, "rate": round(k / n, 4), "wilson95": wilson(k, n)}
     print(json.dumps(total))
-    data = json.loads(OUT.read_text()) if OUT.exists() else {}
     data[args.suite] = {
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "machine": machine(),
