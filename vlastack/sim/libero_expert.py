@@ -28,6 +28,7 @@ CARRY_SPEED = 0.6  # the largest action while an object is held (a faster swing 
 GRASP_DZ = 0.0  # the grasp site's height above the object's origin
 RELEASE_ABOVE = 0.15  # release this far above the target's origin
 CLOSE_STEPS, OPEN_STEPS = 12, 8
+PRESS_STEPS = 60  # the longest descent before closing
 # Wider than this across the fingers (the Panda opens to 8 cm): turn the hand to the object's
 # narrow side. Narrower objects are taken as the hand is (turning costs reach and time).
 MAX_WIDTH = 0.07
@@ -35,6 +36,7 @@ MAX_WIDTH = 0.07
 # keeps the object's neighbours outside this is preferred (up to TURN_TRIES radians off).
 HAND_HALF_LENGTH = 0.10
 TURN_TRIES = (0.0, -0.2, 0.2, -0.35, 0.35)
+FLAT = 0.05  # objects lower than this are taken low, among their neighbours: only they may turn
 
 
 def _box_corners(center: np.ndarray, rot: np.ndarray, half: np.ndarray) -> np.ndarray:
@@ -42,9 +44,10 @@ def _box_corners(center: np.ndarray, rot: np.ndarray, half: np.ndarray) -> np.nd
     return center + (signs * half) @ rot.T
 
 
-def footprint(model, data, body_ids: set[int]) -> np.ndarray:
-    """[N, 2] xy corners of the bodies' collision geoms (oriented boxes around each)."""
-    pts = [np.zeros((1, 2))]
+def footprint(model, data, body_ids: set[int], dims: int = 2) -> np.ndarray:
+    """[N, dims] corners (xy, or xyz with ``dims=3``) of the bodies' collision geoms (oriented
+    boxes around each)."""
+    pts = [np.zeros((1, dims))]
     for g in range(model.ngeom):
         if model.geom_bodyid[g] not in body_ids or (
             model.geom_contype[g] == 0 and model.geom_conaffinity[g] == 0
@@ -64,7 +67,7 @@ def footprint(model, data, body_ids: set[int]) -> np.ndarray:
             half = np.array([size[0], size[0], size[1] + size[0]])
         else:  # sphere and the rest
             half = np.full(3, size[0])
-        pts.append(_box_corners(center, rot, np.asarray(half, float))[:, :2])
+        pts.append(_box_corners(center, rot, np.asarray(half, float))[:, :dims])
     return np.concatenate(pts[1:]) if len(pts) > 1 else pts[0]
 
 
@@ -111,16 +114,18 @@ class PickPlaceExpert:
         self.phase, self.count = 0, 0
         self.yaw: float | None = None
         self.lift = 0.0
-        self.heights: list[float] = []
 
     def _grasp_yaw(self, raw: dict) -> float:
         """The hand's yaw for the grasp: as it is when the object fits across the fingers, else
         across the object's narrow side; then the nearby turn (``TURN_TRIES``) that keeps the
         other objects farthest from the hand's long axis, among those the object still fits."""
         m, d = self.sim.model._model, self.sim.data._data
-        xy = footprint(m, d, self.obj_bodies)
+        xyz = footprint(m, d, self.obj_bodies, 3)
+        xy = xyz[:, :2]
         now = self._closing_yaw(raw["robot0_eef_quat"])
         base = now if width_along(xy, now) <= MAX_WIDTH else narrow_yaw(xy)
+        if np.ptp(xyz[:, 2]) > FLAT:  # taken high up: the hand stays above its neighbours
+            return base
         others = [footprint(m, d, ids) for ids in self.other_bodies]
         center = xy.mean(0)
 
@@ -159,10 +164,10 @@ class PickPlaceExpert:
         elif p == 1:
             goal = obj + np.array([0.0, 0.0, GRASP_DZ])
             self.count += 1
-            self.heights.append(eef[2])
-            # reached, or stalled (the fingers or the hand rest on something): close here
-            stalled = len(self.heights) > 4 and self.heights[-5] - eef[2] < 0.002
-            if abs(goal[2] - eef[2]) < 0.008 or stalled or self.count > 60:
+            # Reached, or pressed on for a while: on a tall bottle the hand rests on the cap and
+            # slides off it as it presses, until the fingers hold the neck (closing at once, when
+            # the hand first stops, missed the salad dressing every time).
+            if abs(goal[2] - eef[2]) < 0.008 or self.count > PRESS_STEPS:
                 self.phase, self.count = 2, 0
         elif p == 2:
             goal, grip = eef.copy(), 1.0
