@@ -9,9 +9,9 @@ It reads what a policy never sees (object poses, collision geometry) and drives 
 controller as a policy does: 7-d relative OSC actions (position delta, axis-angle delta, gripper),
 the same actions ``vla data generate`` records. Phases::
 
-    0 above the object, gripper open, turned so that the fingers close across the object's
-      narrowest horizontal side (from its collision geoms' footprint)
-    1 down to grasp height          2 close          3 lift
+    0 above the object, gripper open, turned so that the object fits across the fingers (its
+      collision geoms' footprint); a flat object also turned away from its neighbours
+    1 down to grasp height (or pressing on for PRESS_STEPS)         2 close          3 lift
     4 above the target              5 down to the release height           6 open (and hold)
 
 Targets come from the task's ``obj_of_interest`` (LIBERO names the object and then the target).
