@@ -18,15 +18,6 @@ OV = [
 ]  # fmt: skip
 
 
-@pytest.fixture(scope="module")
-def sim_data(tmp_path_factory):
-    from vlastack.sim.generate import generate
-
-    root = tmp_path_factory.mktemp("sim") / "data"
-    generate(root, episodes=4, workers=0, seed=0)
-    return root
-
-
 def test_vla_train_cli_with_eval_and_resume(sim_data, tmp_path, capsys):
     run = tmp_path / "run"
     args = ["train", "--data", str(sim_data), "--out", str(run), *OV]

@@ -37,15 +37,6 @@ rc=0; for p in "${pids[@]}"; do wait "$p" || rc=$?; done; exit $rc
 """
 
 
-@pytest.fixture(scope="module")
-def sim_data(tmp_path_factory):
-    from vlastack.sim.generate import generate
-
-    root = tmp_path_factory.mktemp("sim") / "data"
-    generate(root, episodes=4, workers=0, seed=0, progress=False)
-    return root
-
-
 def _exe(path: Path, text: str) -> None:
     path.write_text(text)
     path.chmod(path.stat().st_mode | stat.S_IEXEC)

@@ -82,15 +82,6 @@ data: {num_workers: 0}
 """
 
 
-@pytest.fixture(scope="module")
-def sim_data(tmp_path_factory):
-    from vlastack.sim.generate import generate
-
-    root = tmp_path_factory.mktemp("sim") / "data"
-    generate(root, episodes=4, workers=0, seed=0, progress=False)
-    return root
-
-
 def _torchrun(world: int, cfg: Path, data: Path, run: Path, *extra: str) -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -178,18 +178,25 @@ def _job(task: str, seed: int, env_kw: dict, noise: float, settle: int = 0) -> d
     return ep
 
 
+def _image_key(suite: str, camera: str) -> str:
+    """The dataset key of a camera's frames: LeRobot's LIBERO datasets name even the agentview
+    ``image`` ``observation.images.image``; other suites follow ``camera_key``."""
+    from vlastack.data.samples import camera_key
+
+    return f"observation.images.{camera}" if suite in LIBERO_SUITES else camera_key(camera)
+
+
 def _episode_features(
     suite: str, cameras, image_size: int, state_dim: int, action_dim: int, representation: str = "delta"
 ) -> dict:
-    from vlastack.data.samples import ENV_KEY, ENV_UV_KEY, camera_key
+    from vlastack.data.samples import ENV_KEY, ENV_UV_KEY
 
     img_ft = {
         "dtype": "video",
         "shape": [image_size, image_size, 3],
         "names": ["height", "width", "channels"],
     }
-    key = (lambda c: f"observation.images.{c}") if suite in LIBERO_SUITES else camera_key  # LeRobot's names
-    features = {key(c): dict(img_ft) for c in cameras}
+    features = {_image_key(suite, c): dict(img_ft) for c in cameras}
     features["observation.state"] = {"dtype": "float32", "shape": [state_dim], "names": None}
     features["action"] = {"dtype": "float32", "shape": [action_dim], "names": None}
     features[REWARD_KEY] = {"dtype": "float32", "shape": [1], "names": None}
@@ -277,7 +284,7 @@ def _generate(
     ray_address: str = "",
 ) -> dict[str, Any]:
     from vlastack.data.lerobot import LeRobotWriter
-    from vlastack.data.samples import ENV_KEY, ENV_UV_KEY, camera_key
+    from vlastack.data.samples import ENV_KEY, ENV_UV_KEY
     from vlastack.sim.env import default_cameras, make_env, suite_tasks
 
     names = suite_tasks(suite, tuple(tasks))
@@ -358,10 +365,7 @@ def _generate(
     bar = Progress(episodes, "generate", "episode", enabled=progress)
 
     def write(ep: dict) -> None:
-        data = {
-            (f"observation.images.{c}" if suite in LIBERO_SUITES else camera_key(c)): ep["images"][c]
-            for c in cameras
-        }
+        data = {_image_key(suite, c): ep["images"][c] for c in cameras}
         data.update({"observation.state": ep["state"], "action": ep["action"]})
         data.update({REWARD_KEY: ep["reward"], SUCCESS_KEY: ep["next_success"]})
         if "privileged" in ep:

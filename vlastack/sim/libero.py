@@ -270,13 +270,12 @@ class LiberoEnv(gym.Env):
     def reset(self, *, seed: int | None = None, options: dict | None = None):
         super().reset(seed=seed)
         seed = 0 if seed is None else int(seed)
-        fixed = self.init_states
-        self.init_state = seed % len(self.fixed_states) if fixed else -1
+        self.init_state = seed % len(self.fixed_states) if self.init_states else -1
         loads = 2 + max(self.init_state, 0) // self.lerobot_batch_size  # earlier loads of its (sub-)env
         self._inner.object_property_initializers[:] = self._samplers_per_load * loads
         self.env.seed(seed)
         raw = self.env.reset()  # random placement, seeded
-        if fixed:
+        if self.init_states:
             raw = self.env.set_init_state(self.fixed_states[self.init_state])
         for _ in range(NUM_STEPS_WAIT):
             raw, _, _, _ = self.env.step(list(NOOP))

@@ -117,8 +117,9 @@ class PickPlaceExpert:
 
     def _grasp_yaw(self, raw: dict) -> float:
         """The hand's yaw for the grasp: as it is when the object fits across the fingers, else
-        across the object's narrow side; then the nearby turn (``TURN_TRIES``) that keeps the
-        other objects farthest from the hand's long axis, among those the object still fits."""
+        across the object's narrow side; for a flat object (taken low, among its neighbours) then
+        the nearby turn (``TURN_TRIES``) that keeps the other objects farthest from the hand's long
+        axis, among those the object still fits."""
         m, d = self.sim.model._model, self.sim.data._data
         xyz = footprint(m, d, self.obj_bodies, 3)
         xy = xyz[:, :2]
@@ -192,7 +193,7 @@ class PickPlaceExpert:
             self.count += 1
             if self.count > OPEN_STEPS:  # opened: back up, out of the way
                 goal[2] = self.lift
-        top = CARRY_SPEED if grip > 0 and self.phase in (3, 4, 5) else 1.0
+        top = CARRY_SPEED if p in (3, 4, 5) else 1.0  # holding the object
         move = np.clip((goal - eef) * POS_GAIN, -top, top)
         rot = np.array([0.0, 0.0, np.clip(turn * YAW_GAIN, -1, 1)])
         return np.concatenate([move, rot, [grip]]).astype(np.float32)
