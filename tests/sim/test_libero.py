@@ -360,36 +360,31 @@ def test_scripted_expert_makes_a_libero_object_dataset_vlastack_reads(tmp_path):
         env.close()
 
 
-# Python 3.11 here against LeRobot's 3.12: bit-equal until the gripper touches the object (step 65),
-# then up to 9.4e-6 in the state (56/255 in the last image); the success step is the same. The
-# cause is not isolated (numpy 2.2.6 on 3.11 changes nothing; numba off on our side changes the
-# drift, so ulp-level arithmetic in the control loop is amplified by contact): docs/libero.md.
-LONG_EXACT_STEPS, LONG_STATE_TOL = 60, 2e-5
-
-
 @needs_libero
-@pytest.mark.slow
-def test_a_long_scripted_libero_episode_replays_as_in_lerobot():
+def test_a_long_scripted_libero_episode_replays_step_for_step_as_in_lerobot():
     """178 actions of the scripted expert (libero_object task 6, initial state 17), replayed in
-    LeRobot's LiberoEnv (``make_libero_lerobot_fixture.py --long``) and here: the same state at
-    every step before contact (1e-6), within the measured drift after it, the same success step."""
-    from vlastack.sim.env import make_env
+    LeRobot's LiberoEnv under Python 3.12 (``make_libero_lerobot_fixture.py --long``) and here in a
+    fresh process: every step's state within 1e-6, the images bit-equal, the same success step.
+
+    Both sides force OpenBLAS's Haswell kernels: after contact the episode depends on the BLAS kernel
+    (robosuite's controller runs ``np.linalg.inv``/``pinv`` through numba on scipy's OpenBLAS, which
+    picks kernels per CPU and per version); with the CPU's own kernels this episode drifts by up to
+    9.4e-6 (scipy 1.17.1 against 1.18.1, AVX-512) or 1.7e-5 (AVX2 against AVX-512): docs/libero.md."""
+    import os
+    import subprocess
+    import sys
 
     meta = json.loads((FIXTURE / "long_meta.json").read_text())
     fx = np.load(FIXTURE / "long.npz")
-    c = meta["case"]
-    env = make_env(f"{c['suite']}/{c['task_id']}", suite=c["suite"], image_size=meta["image_size"])
-    try:
-        env.reset(seed=c["seed"])
-        errors, successes = [], []
-        for t, a in enumerate(fx["actions"]):
-            obs, _, _, _, info = env.step(a)
-            errors.append(float(np.abs(obs["state"] - fx["states"][t]).max()))
-            successes.append(info["success"])
-            if t == 0:
-                np.testing.assert_array_equal(obs["images"]["image"], fx["image/0"])
-    finally:
-        env.close()
-    assert max(errors[:LONG_EXACT_STEPS]) <= 1e-6, errors[:LONG_EXACT_STEPS]
-    assert max(errors) <= LONG_STATE_TOL, max(errors)
-    assert successes == list(fx["successes"]) and meta["first_success_step"] == len(successes) >= 100
+    env = {**os.environ, "OPENBLAS_CORETYPE": meta["blas"]["OPENBLAS_CORETYPE"]}
+    script = Path(__file__).with_name("libero_long_replay.py")
+    out = subprocess.run(
+        [sys.executable, str(script), str(FIXTURE)], env=env, capture_output=True, text=True, timeout=600
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    errors = np.asarray(got["errors"])
+    assert len(errors) == meta["steps"] >= 100
+    assert errors.max() <= 1e-6, (int(errors.argmax()), float(errors.max()))
+    assert got["images"] == {str(t): [0, 0] for t in meta["image_steps"]}
+    assert got["successes"] == list(fx["successes"]) and meta["first_success_step"] == len(errors)

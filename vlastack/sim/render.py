@@ -5,10 +5,17 @@ MuJoCo reads ``MUJOCO_GL`` once, when ``mujoco`` is first imported, so every sim
 EGL, then OSMesa, each in a fresh subprocess (a failed GL init can leave the current process in a
 bad state), and export the first that renders. Worker processes inherit the choice through the
 environment, so the probe runs once per process tree.
+
+Triton is loaded before the renderer: Mesa's renderers (llvmpipe, under EGL or OSMesa) load their own
+LLVM, and Triton's library loaded after it segfaults the process. That happens to anyone with a CUDA
+torch wheel (which ships Triton; PyPI's default on Linux) who renders on a CPU and then touches
+``torch._dynamo`` (``torch.compile``, or torch importing it lazily): seen with torch 2.13.0+cu130 and
+Python 3.12, a LIBERO env and then a model built. Loaded the other way round, both work.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import subprocess
 import sys
@@ -44,6 +51,8 @@ def ensure_gl_backend() -> str:
     per core.
     """
     os.environ.setdefault("LP_NUM_THREADS", "0")
+    if "triton" not in sys.modules and importlib.util.find_spec("triton") is not None:
+        import triton  # noqa: F401  (before Mesa's LLVM: module docstring)
     chosen = os.environ.get("MUJOCO_GL", "").strip().lower()
     if chosen:
         return chosen
