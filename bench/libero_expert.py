@@ -2,7 +2,7 @@
 fixed initial states (lerobot-eval's episodes: seed 1000 + j -> initial state j) and on random
 placements (``init_states=False``, the layouts ``vla data generate`` records, seeds 0..N-1).
 
-    PYTHONPATH=. python bench/libero_expert.py [--suite libero_object] [--states 50] [--random 10]
+    PYTHONPATH=. python bench/libero_expert.py [--suite libero_object|libero_spatial] [--states 50] [--random 10]
 
 Physics only (no rendering: the expert reads the simulator's state). Writes
 bench/results/libero_expert.json (per task: successes, episodes, mean steps; the suite's total with

@@ -320,16 +320,19 @@ def test_expert_footprint_geometry():
 @needs_libero
 @pytest.mark.slow
 def test_scripted_expert_makes_a_libero_object_dataset_vlastack_reads(tmp_path):
-    """The scripted expert solves libero_object episodes from LIBERO's fixed states and from random
-    placements; ``vla data generate`` records the random ones (none of them an evaluation layout)
+    """The scripted expert solves libero_object and libero_spatial episodes from LIBERO's fixed
+    states and from random placements; ``vla data generate`` records the random ones (none of them an evaluation layout)
     with LeRobot's LIBERO keys, and a model with cameras ``image``, ``image2`` reads both."""
     from vlastack.config import load_config
     from vlastack.data.samples import VLADataset
     from vlastack.sim.env import make_env
     from vlastack.sim.generate import generate
 
-    for init_states, seed in ((True, 1001), (False, 3)):
-        env = make_env("libero_object/1", suite="libero_object", cameras=(), init_states=init_states)
+    # libero_spatial 4: a bowl (taken by its rim) from inside an open drawer.
+    for task, init_states, seed in (
+        ("libero_object/1", True, 1001), ("libero_object/1", False, 3), ("libero_spatial/4", True, 1001),
+    ):  # fmt: skip
+        env = make_env(task, suite=task.split("/")[0], cameras=(), init_states=init_states)
         env.reset(seed=seed)
         assert env.init_state == (1 if init_states else -1)
         for _ in range(env.max_steps):
@@ -337,7 +340,7 @@ def test_scripted_expert_makes_a_libero_object_dataset_vlastack_reads(tmp_path):
             if term or trunc:
                 break
         env.close()
-        assert info["success"], (init_states, seed)
+        assert info["success"], (task, init_states, seed)
     out = tmp_path / "data"
     report = generate(out, suite="libero_object", tasks=["1"], episodes_per_task=1, workers=0,
                       image_size=32, progress=False)  # fmt: skip
@@ -352,7 +355,7 @@ def test_scripted_expert_makes_a_libero_object_dataset_vlastack_reads(tmp_path):
                                          "model.action_dim=7"])  # fmt: skip
     sample = VLADataset(cfg, out)[0]
     assert sample["image_mask"].all()
-    env = make_env("libero_spatial/0", suite="libero_spatial", cameras=())
+    env = make_env("libero_goal/0", suite="libero_goal", cameras=())
     try:
         with pytest.raises(ValueError, match="scripted expert"):
             env.expert_action()

@@ -51,6 +51,8 @@ MAX_STEPS = {
     "libero_90": 400,
 }
 SUITES = tuple(MAX_STEPS)
+# The pick-and-place suites LiberoEnv.expert_action solves.
+EXPERT_SUITES = ("libero_object", "libero_spatial")
 N_TASKS = {"libero_spatial": 10, "libero_object": 10, "libero_goal": 10, "libero_10": 10, "libero_90": 90}
 LEROBOT_IMAGE_SIZE = 360  # lerobot.envs.configs.LiberoEnv.observation_height/width
 NUM_STEPS_WAIT = 10  # no-op steps after reset, as LeRobot (and openpi's LIBERO example) do
@@ -315,9 +317,11 @@ class LiberoEnv(gym.Env):
 
     def expert_action(self) -> np.ndarray:
         """The scripted expert's next action for this episode (``sim/libero_expert.py``; built
-        for libero_object: a ValueError elsewhere)."""
-        if self.suite != "libero_object":
-            raise ValueError(f"no scripted expert for {self.suite} (libero_object has one)")
+        for libero_object and libero_spatial: a ValueError elsewhere)."""
+        if self.suite not in EXPERT_SUITES:
+            raise ValueError(
+                f"no scripted expert for {self.suite} (these have one: {', '.join(EXPERT_SUITES)})"
+            )
         if self._expert is None:
             from vlastack.sim.libero_expert import PickPlaceExpert
 

@@ -1,16 +1,19 @@
 """A scripted pick-and-place expert for LIBERO's libero_object tasks ("pick up the X and place it
-in the basket"), from the simulator's state: ``LiberoEnv.expert_action()``.
+in the basket") and libero_spatial tasks ("pick up the black bowl ... and place it on the plate"),
+from the simulator's state: ``LiberoEnv.expert_action()``.
 
 Measured (``bench/libero_expert.py`` -> ``bench/results/libero_expert.json``) on LIBERO's fixed
-initial states and on random placements. libero_spatial (a bowl onto a plate, on a table) is not
-solved by it: a bowl is wider than the open hand and needs a rim grasp, which this expert lacks.
+initial states and on random placements. An object that fits across the open hand is taken whole; one
+wider than the hand every way (a bowl) is taken by its rim: the fingers straddle the wall on the side
+with the most room around it, and the hand carries the same offset over the target.
 
 It reads what a policy never sees (object poses, collision geometry) and drives LIBERO's own
 controller as a policy does: 7-d relative OSC actions (position delta, axis-angle delta, gripper),
 the same actions ``vla data generate`` records. Phases::
 
-    0 above the object, gripper open, turned so that the object fits across the fingers (its
-      collision geoms' footprint); a flat object also turned away from its neighbours
+    0 above the grasp point, gripper open, turned so that the object fits across the fingers (its
+      collision geoms' footprint); a flat object also turned away from its neighbours; for a rim
+      grasp, the fingers closing across the wall
     1 down to grasp height (or pressing on for PRESS_STEPS)         2 close          3 lift
     4 above the target              5 down to the release height           6 open (and hold)
 
@@ -37,11 +40,36 @@ MAX_WIDTH = 0.07
 HAND_HALF_LENGTH = 0.10
 TURN_TRIES = (0.0, -0.2, 0.2, -0.35, 0.35)
 FLAT = 0.05  # objects lower than this are taken low, among their neighbours: only they may turn
+# Rim grasp (objects wider than MAX_WIDTH every way): the fingers this far inside the outer edge and
+# this far below the top; RIM_SIDES directions around the object are tried.
+RIM_IN, RIM_DEPTH, RIM_SIDES = 0.008, 0.025, 16
+FINGER_SPAN, HAND_ABOVE_TIPS = 0.045, 0.07  # the open fingers' reach from the grasp point; the hand's height
+ROBOT_BODIES = ("robot", "gripper", "mount")  # name prefixes of the robot's own bodies
+PLACE_ABOVE = 0.03  # a rim-held object is let go with its bottom this far above the target's top
 
 
 def _box_corners(center: np.ndarray, rot: np.ndarray, half: np.ndarray) -> np.ndarray:
     signs = np.array([[sx, sy, sz] for sx in (-1, 1) for sy in (-1, 1) for sz in (-1, 1)], float)
     return center + (signs * half) @ rot.T
+
+
+def _geom_box(model, data, g: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Geom ``g`` as an oriented box: (centre [3], rotation [3, 3], half extents [3])."""
+    size, kind = model.geom_size[g], model.geom_type[g]
+    rot = data.geom_xmat[g].reshape(3, 3)
+    center = data.geom_xpos[g].copy()
+    if kind == 6:  # box
+        half = size[:3]
+    elif kind == 7:  # mesh: its local bounding box
+        center = center + rot @ model.geom_aabb[g][:3]
+        half = model.geom_aabb[g][3:]
+    elif kind == 5:  # cylinder
+        half = np.array([size[0], size[0], size[1]])
+    elif kind == 3:  # capsule
+        half = np.array([size[0], size[0], size[1] + size[0]])
+    else:  # sphere and the rest
+        half = np.full(3, size[0])
+    return center, rot, np.asarray(half, float)
 
 
 def footprint(model, data, body_ids: set[int], dims: int = 2) -> np.ndarray:
@@ -53,21 +81,7 @@ def footprint(model, data, body_ids: set[int], dims: int = 2) -> np.ndarray:
             model.geom_contype[g] == 0 and model.geom_conaffinity[g] == 0
         ):
             continue
-        size, kind = model.geom_size[g], model.geom_type[g]
-        rot = data.geom_xmat[g].reshape(3, 3)
-        center = data.geom_xpos[g].copy()
-        if kind == 6:  # box
-            half = size[:3]
-        elif kind == 7:  # mesh: its local bounding box
-            center = center + rot @ model.geom_aabb[g][:3]
-            half = model.geom_aabb[g][3:]
-        elif kind == 5:  # cylinder
-            half = np.array([size[0], size[0], size[1]])
-        elif kind == 3:  # capsule
-            half = np.array([size[0], size[0], size[1] + size[0]])
-        else:  # sphere and the rest
-            half = np.full(3, size[0])
-        pts.append(_box_corners(center, rot, np.asarray(half, float))[:, :dims])
+        pts.append(_box_corners(*_geom_box(model, data, g))[:, :dims])
     return np.concatenate(pts[1:]) if len(pts) > 1 else pts[0]
 
 
@@ -111,9 +125,14 @@ class PickPlaceExpert:
         objects = [k.removesuffix("_pos") for k in inner._get_observations() if k.endswith("_pos")]
         objects = [o for o in objects if not o.startswith("robot") and "_to_" not in o and o != self.obj]
         self.other_bodies = [{i for i, n in enumerate(names) if n and n.startswith(o)} for o in objects]
+        self.target_bodies = {i for i, n in enumerate(names) if n and n.startswith(self.target)}
         self.phase, self.count = 0, 0
         self.yaw: float | None = None
         self.lift = 0.0
+        # The grasp point relative to the object's origin, and the hand's release point relative
+        # to the target's origin (whole grasp: straight above both; rim: set by _rim_grasp).
+        self.offset = np.array([0.0, 0.0, GRASP_DZ])
+        self.release = np.array([0.0, 0.0, RELEASE_ABOVE])
 
     def _grasp_yaw(self, raw: dict) -> float:
         """The hand's yaw for the grasp: as it is when the object fits across the fingers, else
@@ -122,6 +141,9 @@ class PickPlaceExpert:
         axis, among those the object still fits."""
         m, d = self.sim.model._model, self.sim.data._data
         xyz = footprint(m, d, self.obj_bodies, 3)
+        rim = self._rim_grasp(raw, xyz)
+        if rim is not None:
+            return rim
         xy = xyz[:, :2]
         now = self._closing_yaw(raw["robot0_eef_quat"])
         base = now if width_along(xy, now) <= MAX_WIDTH else narrow_yaw(xy)
@@ -144,6 +166,71 @@ class PickPlaceExpert:
         ]
         return max(fits, key=lambda y: (round(clearance(y), 3), -abs(y - base)))
 
+    def _rim_grasp(self, raw: dict, xyz: np.ndarray) -> float | None:
+        """For an object wider than the hand every way: the rim point whose hand footprint keeps
+        farthest from the other objects (ties: the side nearer the hand); sets ``offset`` and
+        ``release`` and returns the closing yaw (across the wall), or None when the object fits."""
+        xy = xyz[:, :2]
+        if width_along(xy, narrow_yaw(xy)) <= MAX_WIDTH:
+            return None
+        m, d = self.sim.model._model, self.sim.data._data
+        obj = np.asarray(raw[f"{self.obj}_pos"], float)
+        eef = np.asarray(raw["robot0_eef_pos"], float)
+        center = (xy.min(0) + xy.max(0)) / 2
+        tip = xyz[:, 2].max() - RIM_DEPTH  # the fingertips' height at the grasp
+        # Obstacles: the collision geoms of anything but the robot and the object that rise above
+        # the fingertips (a neighbour, the walls of a drawer the object sits in) as oriented boxes;
+        # the table and the target lie below them.
+        boxes = []
+        for g in range(m.ngeom):
+            b = int(m.geom_bodyid[g])
+            name = self.sim.model.body_id2name(b) or ""
+            if (
+                b in self.obj_bodies
+                or name.startswith(ROBOT_BODIES)
+                or not (m.geom_contype[g] or m.geom_conaffinity[g])
+            ):
+                continue
+            c, rot, half = _geom_box(m, d, g)
+            near = np.linalg.norm(c[:2] - center) < 0.3 + np.linalg.norm(half)
+            if near and _box_corners(c, rot, half)[:, 2].max() > tip - 0.01:
+                boxes.append((c, rot, half))
+
+        def room(u: np.ndarray, grip: np.ndarray) -> float:
+            """The least distance from the open fingers (across u at the fingertips) and the hand
+            above them to the obstacles."""
+            t = np.linspace(-1, 1, 9)[:, None]
+            u3 = np.array([*u, 0.0])
+            g3 = np.array([*grip, tip])
+            fingers = g3 + t * FINGER_SPAN * u3
+            hand = g3 + [0.0, 0.0, HAND_ABOVE_TIPS] + t * HAND_HALF_LENGTH * u3
+            pts = np.concatenate([fingers, hand])
+            best = 1.0
+            for c, rot, half in boxes:
+                local = (pts - c) @ rot  # into the box's frame
+                best = min(best, float(np.linalg.norm(local - np.clip(local, -half, half), axis=1).min()))
+            return best
+
+        options = []
+        for a in np.arange(RIM_SIDES) * 2 * np.pi / RIM_SIDES:
+            u = np.array([np.cos(a), np.sin(a)])
+            grip = center + u * ((xy @ u).max() - center @ u - RIM_IN)
+            options.append((round(room(u, grip), 3), float(u @ (eef[:2] - center)), a, grip))
+        _, _, yaw, grip = max(options, key=lambda o: (o[0], o[1]))
+        # The rim's own top on that side (a bowl resting on something may tilt).
+        near = xyz[np.linalg.norm(xy - grip, axis=1) < 0.025]
+        top = (near if len(near) else xyz)[:, 2].max()
+        self.offset = np.array([grip[0] - obj[0], grip[1] - obj[1], top - RIM_DEPTH - obj[2]])
+        # Release with the object's centre over the target's and its bottom PLACE_ABOVE over its top.
+        tgt = np.asarray(raw[f"{self.target}_pos"], float)
+        t_xyz = footprint(m, d, self.target_bodies, 3) if self.target_bodies else tgt[None]
+        t_center = (t_xyz[:, :2].min(0) + t_xyz[:, :2].max(0)) / 2
+        grip_above_bottom = top - RIM_DEPTH - xyz[:, 2].min()
+        self.release = np.array([
+            *(t_center - tgt[:2] + grip - center), t_xyz[:, 2].max() - tgt[2] + PLACE_ABOVE + grip_above_bottom,
+        ])  # fmt: skip
+        return float(yaw)
+
     def _closing_yaw(self, eef_quat: np.ndarray) -> float:
         y = _quat_xyzw_to_mat(eef_quat)[:, 1]  # the fingers close along the hand's y axis
         return float(np.arctan2(y[1], y[0]))
@@ -158,12 +245,12 @@ class PickPlaceExpert:
         grip, turn = -1.0, 0.0
         p = self.phase
         if p == 0:
-            goal = obj + np.array([0.0, 0.0, HOVER])
+            goal = obj + self.offset + np.array([0.0, 0.0, HOVER])
             turn = _wrap_half_turn(self.yaw - self._closing_yaw(raw["robot0_eef_quat"]))
             if np.linalg.norm(goal - eef) < 0.01 and abs(turn) < 0.05:
                 self.phase = 1
         elif p == 1:
-            goal = obj + np.array([0.0, 0.0, GRASP_DZ])
+            goal = obj + self.offset
             self.count += 1
             # Reached, or pressed on for a while: on a tall bottle the hand rests on the cap and
             # slides off it as it presses, until the fingers hold the neck (closing at once, when
@@ -180,16 +267,16 @@ class PickPlaceExpert:
             if eef[2] > self.lift - 0.02:
                 self.phase = 4
         elif p == 4:
-            goal, grip = np.array([tgt[0], tgt[1], self.lift]), 1.0
+            goal, grip = np.array([*(tgt[:2] + self.release[:2]), self.lift]), 1.0
             if np.linalg.norm(goal[:2] - eef[:2]) < 0.015:
                 self.phase = 5
         elif p == 5:
-            goal, grip = tgt + np.array([0.0, 0.0, RELEASE_ABOVE]), 1.0
+            goal, grip = tgt + self.release, 1.0
             self.count += 1
             if eef[2] < goal[2] + 0.02 or self.count > 40:
                 self.phase, self.count = 6, 0
         else:
-            goal = np.array([tgt[0], tgt[1], eef[2]])
+            goal = np.array([*(tgt[:2] + self.release[:2]), eef[2]])
             self.count += 1
             if self.count > OPEN_STEPS:  # opened: back up, out of the way
                 goal[2] = self.lift
