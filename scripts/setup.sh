@@ -3,7 +3,7 @@
 # never resolves a bare `torch` to a multi-GB CUDA wheel), then the package with dev extras.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-# PYTHON picks the interpreter (python3.11 by default; python3.12 works too: `make test-py312`),
+# PYTHON picks the interpreter (python3.11 by default; 3.12 and 3.13 work too: `make test-py312`),
 # VENV the folder. A pyenv shim that exists but is not active is skipped for pyenv's own copy.
 PY=${PYTHON:-python3.11}
 VENV=${VENV:-.venv}

@@ -321,8 +321,9 @@ def test_expert_footprint_geometry():
 @pytest.mark.slow
 def test_scripted_expert_makes_a_libero_object_dataset_vlastack_reads(tmp_path):
     """The scripted expert solves libero_object and libero_spatial episodes from LIBERO's fixed
-    states and from random placements; ``vla data generate`` records the random ones (none of them an evaluation layout)
-    with LeRobot's LIBERO keys, and a model with cameras ``image``, ``image2`` reads both."""
+    states and from random placements; ``vla data generate`` records the random ones (none of them
+    an evaluation layout) with LeRobot's LIBERO keys, and a model with cameras ``image``,
+    ``image2`` reads both."""
     from vlastack.config import load_config
     from vlastack.data.samples import VLADataset
     from vlastack.sim.env import make_env
