@@ -64,8 +64,10 @@ SIZE = 128  # LeRobot's default is 360; the fixture renders smaller to stay smal
 N_ACTIONS = 12
 # (suite, task id, lerobot-eval batch size N, episode j): the reset-count quirk tasks.
 BATCH_CASES = (("libero_spatial", 4, 2, 5), ("libero_10", 3, 10, 13), ("libero_10", 9, 2, 6))
-PACKAGES = ("lerobot", "hf-libero", "robosuite", "mujoco", "torch", "numpy", "scipy", "numba", "gymnasium")
-PACKAGES += ("bddl",)
+PACKAGES = (
+    *("lerobot", "hf-libero", "robosuite", "mujoco", "torch"),
+    *("numpy", "scipy", "numba", "gymnasium", "bddl"),
+)
 LONG_CORETYPE = "Haswell"  # OpenBLAS kernels forced for --long (module docstring)
 
 

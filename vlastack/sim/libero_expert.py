@@ -53,6 +53,11 @@ def _box_corners(center: np.ndarray, rot: np.ndarray, half: np.ndarray) -> np.nd
     return center + (signs * half) @ rot.T
 
 
+def _collides(model, g: int) -> bool:
+    """Whether geom ``g`` takes part in contacts (visual-only geoms do not)."""
+    return bool(model.geom_contype[g] or model.geom_conaffinity[g])
+
+
 def _geom_box(model, data, g: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Geom ``g`` as an oriented box: (centre [3], rotation [3, 3], half extents [3])."""
     size, kind = model.geom_size[g], model.geom_type[g]
@@ -77,9 +82,7 @@ def footprint(model, data, body_ids: set[int], dims: int = 2) -> np.ndarray:
     boxes around each)."""
     pts = [np.zeros((1, dims))]
     for g in range(model.ngeom):
-        if model.geom_bodyid[g] not in body_ids or (
-            model.geom_contype[g] == 0 and model.geom_conaffinity[g] == 0
-        ):
+        if model.geom_bodyid[g] not in body_ids or not _collides(model, g):
             continue
         pts.append(_box_corners(*_geom_box(model, data, g))[:, :dims])
     return np.concatenate(pts[1:]) if len(pts) > 1 else pts[0]
@@ -167,9 +170,10 @@ class PickPlaceExpert:
         return max(fits, key=lambda y: (round(clearance(y), 3), -abs(y - base)))
 
     def _rim_grasp(self, raw: dict, xyz: np.ndarray) -> float | None:
-        """For an object wider than the hand every way: the rim point whose hand footprint keeps
-        farthest from the other objects (ties: the side nearer the hand); sets ``offset`` and
-        ``release`` and returns the closing yaw (across the wall), or None when the object fits."""
+        """For an object wider than the hand every way: the rim point whose open fingers and hand
+        keep farthest from every other collision geom above the fingertips (ties: the side nearer
+        the hand); sets ``offset`` and ``release`` and returns the closing yaw (across the wall), or
+        None when the object fits."""
         xy = xyz[:, :2]
         if width_along(xy, narrow_yaw(xy)) <= MAX_WIDTH:
             return None
@@ -185,11 +189,7 @@ class PickPlaceExpert:
         for g in range(m.ngeom):
             b = int(m.geom_bodyid[g])
             name = self.sim.model.body_id2name(b) or ""
-            if (
-                b in self.obj_bodies
-                or name.startswith(ROBOT_BODIES)
-                or not (m.geom_contype[g] or m.geom_conaffinity[g])
-            ):
+            if b in self.obj_bodies or name.startswith(ROBOT_BODIES) or not _collides(m, g):
                 continue
             c, rot, half = _geom_box(m, d, g)
             near = np.linalg.norm(c[:2] - center) < 0.3 + np.linalg.norm(half)
