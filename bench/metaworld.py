@@ -305,9 +305,16 @@ def cmd_status(args: argparse.Namespace) -> None:
         info = json.loads((data / "meta" / "info.json").read_text())
         say("data", f"done: {info['total_episodes']} episodes, {info['total_frames']} frames in {data}")
     else:
-        parts = data.with_name(data.name + ".parts")
-        done = [p for p in parts.glob("*") if p.is_dir() and not p.name.endswith(".partial")]
-        say("data", f"{len(done)} of {n_tasks} tasks written, then the merge" if done else "not started")
+        from vlastack.sim.generate import PARTS_SUFFIX, finished_blocks
+
+        parts = data.with_name(data.name + PARTS_SUFFIX)
+        blocks = [b for p in parts.glob("*") if p.is_dir() for b in finished_blocks(p)]
+        n = sum(json.loads((b / "meta" / "info.json").read_text())["total_episodes"] for b in blocks)
+        if n:
+            per_task = json.loads((parts / "settings.json").read_text())["episodes_per_task"]
+            say("data", f"{n} of {per_task * n_tasks} episodes written, then the merge")
+        else:
+            say("data", "not started")
     ledger = read_ledger(run)
     cpu_h = sum(r["cpu_s"] for r in ledger) / 3600
     if training_done(run):

@@ -64,7 +64,7 @@ def test_segment_cpu_leaves_out_earlier_children(tmp_path, monkeypatch):
 
 def test_status_reports_each_stage(tmp_path, monkeypatch, capsys):
     """`bench/metaworld.py status` says how far each stage of a half-done pipeline is, from its
-    files alone: tasks written, the saved step with its CPU-hours and time left, episodes journaled
+    files alone: episodes written (finished blocks only), the saved step with its CPU-hours and time left, episodes journaled
     (a half-written last line left out), and the LeRobot rows."""
     import argparse
     import json
@@ -76,8 +76,12 @@ def test_status_reports_each_stage(tmp_path, monkeypatch, capsys):
     rows = {"vlastack": {"cpu_hours": 7.5}, "lerobot_diffusion": {"mean": 0.1, "cpu_hours": 7.4}}
     bm.RESULTS.write_text(json.dumps({"mt50": rows}))
     data, run = tmp_path / "mt50", tmp_path / "runs" / "mt50"
-    for name in ("reach-v3", "push-v3", "window-open-v3.partial"):
-        (tmp_path / "mt50.parts" / name).mkdir(parents=True)
+    for block, n in (("reach-v3/000", 10), ("reach-v3/001", 10), ("push-v3/000", 5), ("push-v3/001", 0)):
+        (tmp_path / "mt50.parts" / block / "meta").mkdir(parents=True)
+        if n:  # push-v3/001 is under way: no closing record yet
+            (tmp_path / "mt50.parts" / block / "meta/info.json").write_text(json.dumps({"total_episodes": n}))
+            (tmp_path / "mt50.parts" / block / "meta/vlastack_sim.json").write_text("{}")
+    (tmp_path / "mt50.parts/settings.json").write_text(json.dumps({"episodes_per_task": 50}))
     run.mkdir(parents=True)
     save_yaml(load_yaml("metaworld_mt50"), run / "config.yaml")  # 48,000 steps at batch 32
     (run / "checkpoints").mkdir()
@@ -96,7 +100,7 @@ def test_status_reports_each_stage(tmp_path, monkeypatch, capsys):
     bm.cmd_status(argparse.Namespace(suite="mt50", data=str(data), run=str(run), episodes_per_task=10,
                                      row="vlastack", lerobot="act,diffusion"))  # fmt: skip
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0].split() == ["data", "2", "of", "50", "tasks", "written,", "then", "the", "merge"]
+    assert lines[0].split() == ["data", "25", "of", "2500", "episodes", "written,", "then", "the", "merge"]
     # 36,000 steps x 32 samples at 128 samples/s = 2.5 h
     assert "step 12000 of 48000 saved, 1.50 CPU-h so far, ~2.5 h left" in lines[1]
     assert "3 of 500 episodes journaled, 2 successes so far" in lines[2]

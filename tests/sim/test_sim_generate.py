@@ -193,10 +193,12 @@ def test_generate_records_environment_state_for_grounding(tmp_path):
 
 
 def test_per_task_generation_resumes_after_an_interruption(tmp_path, monkeypatch):
-    """`--episodes-per-task` writes each task as a finished part first: a run stopped in the second
-    task keeps the first, and the re-run skips it and ends with the data of an uninterrupted run; a
-    run stopped in the merge merges again."""
+    """`--episodes-per-task` writes each task in blocks, each a finished part: a run stopped in the
+    second task's second block keeps the blocks before it, and the re-run redoes only that block and
+    ends with the data of an uninterrupted run; a run stopped in the merge merges again."""
     from vlastack.sim import generate as gen
+
+    monkeypatch.setattr(gen, "PART_EPISODES", 1)  # a block per episode: two blocks per task
 
     kw = {
         "tasks": ("reach", "push"),
@@ -213,14 +215,19 @@ def test_per_task_generation_resumes_after_an_interruption(tmp_path, monkeypatch
 
     def stop_in_push(task, *a, **k):
         calls.append(task)
-        if task == "push":
+        if calls.count("push") == 2:  # push's second block
             raise KeyboardInterrupt
         return real_job(task, *a, **k)
 
     monkeypatch.setattr(gen, "_job", stop_in_push)
     with pytest.raises(KeyboardInterrupt):
         generate(tmp_path / "ds", **kw)
-    assert (tmp_path / "ds.parts/reach/meta/vlastack_sim.json").is_file() and not (tmp_path / "ds").exists()
+    finished = sorted(
+        str(p.parent.parent.relative_to(tmp_path))
+        for p in tmp_path.glob("ds.parts/*/*/meta/vlastack_sim.json")
+    )
+    assert finished == ["ds.parts/push/000", "ds.parts/reach/000", "ds.parts/reach/001"]
+    assert not (tmp_path / "ds").exists()
     calls.clear()
     monkeypatch.setattr(gen, "_ENVS", {})
     monkeypatch.setattr(gen, "_job", lambda task, *a, **k: calls.append(task) or real_job(task, *a, **k))
@@ -234,10 +241,10 @@ def test_per_task_generation_resumes_after_an_interruption(tmp_path, monkeypatch
     monkeypatch.setattr(gen, "_merge_parts", stop_in_merge)
     with pytest.raises(KeyboardInterrupt):
         generate(tmp_path / "ds", **kw)
-    assert set(calls) == {"push"} and (tmp_path / "ds.parts/push/meta/vlastack_sim.json").is_file()
+    assert calls == ["push"] and (tmp_path / "ds.parts/push/001/meta/vlastack_sim.json").is_file()
     monkeypatch.setattr(gen, "_merge_parts", real_merge)
     resumed = generate(tmp_path / "ds", **kw)  # merges again over the unfinished output
-    assert set(calls) == {"push"} and not (tmp_path / "ds.parts").exists()  # reach was not re-run
+    assert calls == ["push"] and not (tmp_path / "ds.parts").exists()  # no block was re-run
     assert resumed["episodes"] == full["episodes"] == 4 and resumed["frames"] == full["frames"]
     a, b = LeRobotDataset(tmp_path / "full"), LeRobotDataset(tmp_path / "ds")
     for key in ("observation.state", "action", "next.reward", "next.success", "episode_index", "task_index"):

@@ -245,9 +245,9 @@ def generate(
 
     ``episodes`` in total (round-robin over ``tasks``), or ``episodes_per_task`` for every task,
     written task by task. ``image_size``/``cameras`` default to the suite's (``make_env``).
-    ``resumable`` (per-task mode): each task is first written as its own finished dataset under
-    ``<out>.parts/`` (lossless video), so an interrupted run re-run with the same arguments skips
-    the finished tasks; the parts are then merged into ``out`` (the same episodes, seeds and values as
+    ``resumable`` (per-task mode): each task is first written in blocks of ``PART_EPISODES``
+    episodes, each its own finished dataset under ``<out>.parts/`` (lossless video), so an
+    interrupted run re-run with the same arguments skips the finished blocks; the parts are then merged into ``out`` (the same episodes, seeds and values as
     an uninterrupted run) and removed.
     ``progress``: show a live bar (episodes/s, ETA, the expert's success so far); ``settle``: see
     ``rollout_expert``; ``action_representation``: ``delta`` or ``absolute`` (module docstring).
@@ -452,16 +452,31 @@ def _generate(
 
 
 PARTS_SUFFIX = ".parts"
+# A task's episodes are written in blocks of this many, each a finished dataset: an interrupted
+# run loses at most one block (a LIBERO block is ~15-25 min on 2 cores, a whole task ~2 h).
+PART_EPISODES = 10
+
+
+def finished_blocks(part: Path) -> list[Path]:
+    """A task's finished blocks under ``<parts>/<task>/`` in order (``000``, ``001``, ...); a part
+    written whole by an older vlastack (``<parts>/<task>/meta``) is one block."""
+    if (part / "meta" / "vlastack_sim.json").is_file():
+        return [part]
+    blocks = sorted(p for p in part.glob("[0-9][0-9][0-9]") if p.is_dir())
+    return [b for b in blocks if (b / "meta" / "vlastack_sim.json").is_file()]
 
 
 def _generate_by_parts(
     out: Path, names: tuple[str, ...], kw: dict, video_quality: str, overwrite: bool
 ) -> dict:
-    """Per-task mode, resumable: one finished dataset per task under ``<out>.parts``, then a merge.
+    """Per-task mode, resumable: each task written in blocks of ``PART_EPISODES`` episodes, each
+    block a finished dataset under ``<out>.parts/<task>/<block>``, then one merge.
 
-    Parts are stored as lossless video (H.264 in YUV 4:4:4), so the merge re-encodes the frames as
-    rendered: where a run was interrupted changes no episode, seed, value or frame (with freshly
-    built envs: a renderer's first frames differ slightly from a warmed-up one's;
+    Block b of a task starts at the seed after the attempts of blocks 0..b-1, so the blocks hold
+    the task's first ``episodes_per_task`` expert successes in seed order, as one uninterrupted
+    pass does. Parts are stored as lossless video (H.264 in YUV 4:4:4), so the merge re-encodes the
+    frames as rendered: where a run was interrupted changes no episode, seed, value or frame (with
+    freshly built envs: a renderer's first frames differ slightly from a warmed-up one's;
     tests/sim/test_sim_generate.py)."""
     parts = out.with_name(out.name + PARTS_SUFFIX)
     # A merge stopped midway leaves ``out`` without its closing record while the parts remain:
@@ -486,26 +501,43 @@ def _generate_by_parts(
     parts.mkdir(parents=True, exist_ok=True)
     stamp.write_text(json.dumps(settings))
     t0 = time.perf_counter()
-    reports = []
-    done_here, t_here = 0, 0.0  # tasks written by this run, and their time: the pace for the estimate
+    want = kw["episodes_per_task"]
+    total = want * len(names)
+    reports: list[dict] = []  # one per task, as a single pass over the task reports it
+    blocks: list[Path] = []  # every block, in the merged dataset's order
+    made, t_made = 0, 0.0  # episodes written by this run, and their time: the pace for the estimate
     for i, t in enumerate(names):
         part = parts / t
-        if (part / "meta" / "vlastack_sim.json").is_file():  # finished before an interruption
-            reports.append(json.loads((part / "meta" / "vlastack_sim.json").read_text()))
-            continue
-        if kw["progress"]:
-            left = len(names) - len(reports)
-            pace = f"; ~{left * t_here / done_here / 60:.0f} min left at this pace" if done_here else ""
-            print(f"task {i + 1}/{len(names)}: {t} ({len(reports)} done{pace})", flush=True)
-        t1 = time.perf_counter()
-        generate(part, tasks=(t,), video_quality="lossless", overwrite=True, resumable=False, **kw)
-        done_here, t_here = done_here + 1, t_here + time.perf_counter() - t1
-        reports.append(json.loads((part / "meta" / "vlastack_sim.json").read_text()))
-    _merge_parts([parts / t for t in names], out, video_quality, overwrite or merge_stopped, kw["progress"])
+        done = finished_blocks(part)
+        block_reports = [json.loads((b / "meta" / "vlastack_sim.json").read_text()) for b in done]
+        have = sum(r["episodes"] for r in block_reports)
+        while have < want:
+            n = min(PART_EPISODES, want - have)
+            start = kw["seed"] + sum(r["attempts"] for r in block_reports)
+            if kw["progress"]:
+                before = sum(r["episodes"] for r in reports) + have
+                pace = f"; ~{(total - before) * t_made / made / 60:.0f} min left at this pace" if made else ""
+                print(f"task {i + 1}/{len(names)}: {t}, episodes {have}..{have + n - 1} "
+                      f"({before} of {total} done{pace})", flush=True)  # fmt: skip
+            block = part / f"{len(done):03d}"
+            t1 = time.perf_counter()
+            generate(block, tasks=(t,), video_quality="lossless", overwrite=True, resumable=False,
+                     **{**kw, "episodes_per_task": n, "seed": start})  # fmt: skip
+            made, t_made = made + n, t_made + time.perf_counter() - t1
+            done.append(block)
+            block_reports.append(json.loads((block / "meta" / "vlastack_sim.json").read_text()))
+            have += n
+        blocks += done
+        attempts = sum(r["attempts"] for r in block_reports)
+        info = [e for r in block_reports for e in r["episode_info"]]
+        reports.append({**block_reports[0], "episodes": have, "attempts": attempts, "episode_info": info,
+                        "frames": sum(r["frames"] for r in block_reports),
+                        "expert_success": {t: have / attempts}})  # fmt: skip
+    _merge_parts(blocks, out, video_quality, overwrite or merge_stopped, kw["progress"])
     report = {**reports[0], "tasks": list(names), "video_quality": video_quality,
               "episodes": sum(r["episodes"] for r in reports), "attempts": sum(r["attempts"] for r in reports),
               "frames": sum(r["frames"] for r in reports), "wall_s": time.perf_counter() - t0,
-              "expert_success": {t: r["expert_success"][t] for t, r in zip(names, reports)}}  # fmt: skip
+              "seed": kw["seed"], "expert_success": {t: r["expert_success"][t] for t, r in zip(names, reports)}}  # fmt: skip
     info, k = [], 0
     for r in reports:
         for e in r["episode_info"]:
