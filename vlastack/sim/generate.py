@@ -247,8 +247,8 @@ def generate(
     written task by task. ``image_size``/``cameras`` default to the suite's (``make_env``).
     ``resumable`` (per-task mode): each task is first written in blocks of ``PART_EPISODES``
     episodes, each its own finished dataset under ``<out>.parts/`` (lossless video), so an
-    interrupted run re-run with the same arguments skips the finished blocks; the parts are then merged into ``out`` (the same episodes, seeds and values as
-    an uninterrupted run) and removed.
+    interrupted run re-run with the same arguments skips the finished blocks; the parts are then
+    merged into ``out`` (the same episodes, seeds and values as an uninterrupted run) and removed.
     ``progress``: show a live bar (episodes/s, ETA, the expert's success so far); ``settle``: see
     ``rollout_expert``; ``action_representation``: ``delta`` or ``absolute`` (module docstring).
     ``ray_address``: roll the episodes out on that Ray cluster instead of ``workers`` local
@@ -503,7 +503,7 @@ def _generate_by_parts(
     t0 = time.perf_counter()
     want = kw["episodes_per_task"]
     total = want * len(names)
-    reports: list[dict] = []  # one per task, as a single pass over the task reports it
+    reports: list[dict] = []  # one per task: what one pass over the whole task would report
     blocks: list[Path] = []  # every block, in the merged dataset's order
     made, t_made = 0, 0.0  # episodes written by this run, and their time: the pace for the estimate
     for i, t in enumerate(names):
