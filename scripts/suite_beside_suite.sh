@@ -45,7 +45,8 @@ for i in $(seq 1 "$N"); do
   [ "$rc" -eq 0 ] || break
 done
 rm -f "$WORK/a.running"
-kill "$BPID" 2>/dev/null; pkill -TERM -f "$WORK/b/"; wait "$BPID" 2>/dev/null
+# The whole group: the loop, make, pytest and its xdist workers (pytest replaces a worker killed alone).
+kill -TERM -- -"$BPID" 2>/dev/null; wait "$BPID" 2>/dev/null
 
 "$SRC/.venv/bin/python" - "$WORK" "$OUT" "$COMMIT" "$N" <<'EOF'
 import json, platform, subprocess, sys, datetime

@@ -153,12 +153,15 @@ def _job(task: str, seed: int, env_kw: dict, noise: float, settle: int = 0) -> d
             _ENVS[key] = make_env(task, **kw)  # (its renderer closes itself at exit: render.close_at_exit)
         return _ENVS[key]
 
-    if env_kw.get("suite") in ("metaworld", *LIBERO_SUITES) and env_kw.get("cameras"):
+    if env_kw.get("suite") == "metaworld" and env_kw.get("cameras"):
         # A 480 px frame is ~all of a Meta-World step's time (72-82 ms against 1.3 ms blind, on a
         # 2-core EPYC), and a failed attempt runs all 500 steps: the expert is first played blind
         # (physics only: rendering reads the state, never changes it) and rendered only when it
         # succeeds. MT50 has ~30 failed attempts in 2,500 (~20 min of rendering); the blind pass
-        # costs ~2% of a successful episode.
+        # costs ~2% of a successful episode. Not LIBERO: its physics and hard resets are a quarter
+        # of an episode (a 186-step libero_object episode: 6.4 s blind + a 2.9 s reset against
+        # ~30 s rendered at 128 px), and its experts failed none of their 70 random placements
+        # (bench/results/libero_expert.json).
         blind = rollout_expert(env({**env_kw, "cameras": ()}), seed, noise, settle=settle)
         if not blind["success"]:
             return {
