@@ -171,12 +171,19 @@ def test_heads_are_asked_never_named_outside_their_folders():
     names = "|".join(HEAD_SPECS)
     import re
 
-    pattern = re.compile(rf"isinstance\([^)]*\b({'|'.join(heads)})\b|\.head\s*[!=]=\s*[\"']({names})[\"']")
+    # isinstance of a head class, or any comparison with a head's name (``x.head == "flow"``, a
+    # "kind" derived from it: vla rl once branched on ``self.kind == "flow"``).
+    pattern = re.compile(
+        rf"isinstance\([^)]*\b({'|'.join(heads)})\b|[!=]=\s*[\"']({names})[\"']|[\"']({names})[\"']\s*[!=]="
+    )
+    # Names that are not a head check: the pre-``head_options`` config section ``model.tokens``
+    # (migrated by name), and the heads benchmark, whose rows are heads and which times flow first.
+    allowed = {"vlastack/config/io.py", "bench/heads.py"}
     hits = [
-        f"{p.relative_to(PKG.parent)}:{i}"
+        f"{rel}:{i}"
         for root in (PKG, BENCH)
         for p in root.rglob("*.py")
-        if "models/heads" not in p.as_posix()
+        if "models/heads" not in (rel := p.relative_to(PKG.parent).as_posix()) and rel not in allowed
         for i, line in enumerate(p.read_text().splitlines(), 1)
         if pattern.search(line)
     ]

@@ -17,8 +17,9 @@ from tests.models.test_token_head import make, micro, train
 from vlastack.batch import dummy_batch
 from vlastack.config import ConfigError, load_config, save_yaml
 from vlastack.models import build_model
-from vlastack.rl.flow import flow_logprobs, flow_sample
-from vlastack.rl.grpo import clipped_loss, group_advantages, sampled_logits, token_logprobs
+from vlastack.models.heads.flow.rl import flow_logprobs, flow_sample
+from vlastack.models.heads.tokens.rl import sampled_logits, token_logprobs
+from vlastack.rl.grpo import clipped_loss, group_advantages
 from vlastack.rl.runner import RLRun, rl_config
 
 

@@ -1,5 +1,7 @@
 """``vla rl``: GRPO fine-tuning of a trained policy in simulation (docs/rl.md): a token head's
-sampled tokens, or a flow head's noisy denoising steps (``flow.py``).
+sampled tokens, or a flow head's noisy denoising steps: what a head samples and its
+log-probabilities are the head's own (``rl_sample`` / ``rl_logprobs`` of its serving class,
+``models/heads/flow/rl.py``, ``models/heads/tokens/rl.py``; a head without them is refused).
 
     vla rl --policy runs/fast/final --out runs/fast_rl rl.iterations=40 rl.tasks=[push]
 
@@ -31,8 +33,7 @@ from vlastack.config import Config, save_yaml
 from vlastack.diagnostics.run_report import rl_report
 from vlastack.infer.policy import Policy
 from vlastack.progress import Progress
-from vlastack.rl.flow import flow_logprobs, flow_sample
-from vlastack.rl.grpo import clipped_loss, group_advantages, token_logprobs
+from vlastack.rl.grpo import clipped_loss, group_advantages
 from vlastack.rl.rollout import Decision, EnvPool, collect
 from vlastack.sim.env import suite_tasks
 from vlastack.train.checkpoint import begin, claim_run_dir, commit, export_final, latest_checkpoint, sweep
@@ -40,24 +41,6 @@ from vlastack.train.state import atomic_write_text, load_state, save_state
 
 METRICS = "metrics.jsonl"
 STATE = "train_state"  # the optimizer's folder in a checkpoint; export_final leaves it out of final/
-
-
-def head_kind(policy: Policy) -> str:
-    """``tokens`` (an autoregressive token head: GRPO on its tokens' log-probabilities) or
-    ``flow`` (a flow head: GRPO on its noisy denoising steps, ``rl/flow.py``); anything else is
-    refused: a parallel-decoding head (OFT, bins-parallel) samples nothing per token."""
-    cfg = policy.cfg
-    spec = cfg.head_spec  # capabilities come from the registry, never from the head's name
-    if spec.action_tokens and cfg.head_options.decoding == "autoregressive":
-        return "tokens"
-    if spec.denoise:
-        return "flow"
-    raise ValueError(
-        f"vla rl fine-tunes token heads with autoregressive decoding and flow heads; this policy's "
-        f"head is {cfg.head!r}"
-        + (f" with {cfg.head_options.decoding} decoding" if spec.action_tokens else "")
-        + ", which samples no per-token or per-step distribution to reinforce"
-    )
 
 
 def iteration_jobs(rl: Any, tasks: tuple[str, ...], it: int) -> list[tuple[str, int, int]]:
@@ -99,7 +82,8 @@ class RLRun:
         if self.rl.num_threads:
             torch.set_num_threads(self.rl.num_threads)
         self.policy = Policy.from_pretrained(latest or self.source, ema=ema and latest is None)
-        self.kind = head_kind(self.policy)
+        self.head = self.policy.serving  # what the head samples and its log-probs (models/heads/*/rl.py)
+        self.head.check_rl()  # refused here, before any rollout
         model = self.policy.model.float().eval()  # eval: no dropout, so old and new log-probs agree
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.opt = torch.optim.AdamW(self.params, lr=self.rl.lr, weight_decay=self.rl.weight_decay)
@@ -192,21 +176,13 @@ class RLRun:
 
     def _draw(self, batch: dict, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Sample the policy -> (normalized actions [B, H, A], what was sampled, valid [B])."""
-        model = self.policy.model
-        if self.kind == "flow":
-            actions, traj = flow_sample(model, batch, self.rl.flow_sigma, gen)
-            return actions, traj, torch.ones(len(actions), dtype=torch.bool)
-        ids, lengths = model.head.generate(model, batch, self.rl.temperature, 1.0, gen)
-        actions, valid = model.head.decode_actions(ids, lengths)
-        return actions, ids, valid
+        return self.head.rl_sample(batch, self.rl, gen)
 
     def _logprobs(self, model: torch.nn.Module, part: list[Decision]) -> tuple[torch.Tensor, torch.Tensor]:
         """Log-probabilities [B, L] (tokens, or denoising steps) of what ``part`` sampled, and their mask."""
         batch = self.policy.model_batch([d.obs for d in part])
         sampled = torch.stack([d.sample for d in part]).to(self.policy.device)
-        if self.kind == "flow":
-            return flow_logprobs(model, batch, sampled, self.rl.flow_sigma, self.policy.action_dim)
-        return token_logprobs(model, batch, sampled, self.rl.temperature)
+        return self.head.rl_logprobs(model, batch, sampled, self.rl)
 
     def update(self, decisions: list[Decision], adv: torch.Tensor, gen: torch.Generator) -> dict[str, float]:
         """``rl.epochs`` passes of the clipped surrogate over ``decisions`` in minibatches of

@@ -103,5 +103,30 @@ class HeadServing:
             f"{self.policy.cfg.head!r}"
         )
 
+    def check_rl(self) -> None:
+        """``vla rl`` (GRPO, ``rl/runner.py``) needs a stochastic policy with log-probabilities:
+        raise ValueError where the head has none."""
+        raise ValueError(
+            f"vla rl fine-tunes token heads with autoregressive decoding and flow heads; this policy's "
+            f"head is {self.policy.cfg.head!r}, which samples no per-token or per-step distribution to "
+            "reinforce"
+        )
+
+    def rl_sample(
+        self, batch: dict[str, Tensor], rl: Any, generator: torch.Generator
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        """A model batch -> (normalized actions [B, H, A], what was sampled (``rl_logprobs``' input),
+        valid bool [B]), drawn with ``rl`` (``RLConfig``)'s noise from ``generator``."""
+        self.check_rl()
+        raise NotImplementedError
+
+    def rl_logprobs(
+        self, model: torch.nn.Module, batch: dict[str, Tensor], sampled: Tensor, rl: Any
+    ) -> tuple[Tensor, Tensor]:
+        """Log-probabilities fp32 [B, L] under ``model`` (the policy's, or a reference copy) of what
+        ``rl_sample`` drew, with gradients, and their mask bool [B, L]."""
+        self.check_rl()
+        raise NotImplementedError
+
     def set_execution(self, execution: Any) -> None:
         """Take real-time execution settings (``ExecutionConfig``) where the head uses them."""

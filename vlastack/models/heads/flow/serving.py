@@ -17,6 +17,7 @@ import torch
 from torch import Tensor
 
 from vlastack.config import GUIDANCE_MODES
+from vlastack.models.heads.flow.rl import flow_logprobs, flow_sample
 from vlastack.models.heads.flow.rtc import guided_sample, prefix_sample, prefix_weights
 from vlastack.models.heads.serving import HeadServing
 
@@ -43,6 +44,20 @@ class FlowServing(HeadServing):
             )
         if self.fast:
             self.fast_sampler = self._make_fast(compile)
+
+    def check_rl(self) -> None:
+        pass  # the noisy Euler sampler (rl.py)
+
+    def rl_sample(
+        self, batch: dict[str, Tensor], rl: Any, generator: torch.Generator
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        actions, traj = flow_sample(self.policy.model, batch, rl.flow_sigma, generator)
+        return actions, traj, torch.ones(len(actions), dtype=torch.bool)
+
+    def rl_logprobs(
+        self, model: torch.nn.Module, batch: dict[str, Tensor], sampled: Tensor, rl: Any
+    ) -> tuple[Tensor, Tensor]:
+        return flow_logprobs(model, batch, sampled, rl.flow_sigma, self.policy.action_dim)
 
     def check_options(self) -> None:
         if self.guidance_max <= 0:

@@ -13,8 +13,10 @@ from typing import Any, ClassVar
 
 import numpy as np
 import torch
+from torch import Tensor
 
 from vlastack.models.heads.serving import HeadServing
+from vlastack.models.heads.tokens.rl import token_logprobs
 
 DECODING_KEYS = ("temperature", "top_p", "max_decode_steps", "invalid_decode", "constrained", "exact_length")
 
@@ -58,6 +60,24 @@ class TokenServing(HeadServing):
         self.invalid_decode = policy.model.cfg.head_options.invalid_decode
         self.stats = {"chunks": 0, "invalid": 0, "repeated": 0}
         self._last_valid: np.ndarray | None = None  # the latest valid chunk [H, A_env] (repeat_last)
+
+    def check_rl(self) -> None:
+        if self.policy.model.cfg.head_options.decoding != "autoregressive":  # nothing sampled per token
+            super().check_rl()
+
+    def rl_sample(
+        self, batch: dict[str, Tensor], rl: Any, generator: torch.Generator
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        self.check_rl()
+        model = self.policy.model
+        ids, lengths = model.head.generate(model, batch, rl.temperature, 1.0, generator)
+        actions, valid = model.head.decode_actions(ids, lengths)
+        return actions, ids, valid
+
+    def rl_logprobs(
+        self, model: torch.nn.Module, batch: dict[str, Tensor], sampled: Tensor, rl: Any
+    ) -> tuple[Tensor, Tensor]:
+        return token_logprobs(model, batch, sampled, rl.temperature)
 
     def after_sample(self, actions: np.ndarray, valid: np.ndarray | None) -> np.ndarray | None:
         """Count invalid chunks; with ``repeat_last`` overwrite each with the latest valid chunk

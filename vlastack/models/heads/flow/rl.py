@@ -1,4 +1,5 @@
-"""A flow head as a stochastic policy with tractable log-probabilities (Flow-Noise / ReinFlow).
+"""A flow head as the stochastic policy ``vla rl`` reinforces (``FlowServing.rl_sample`` /
+``rl_logprobs``), with tractable log-probabilities (Flow-Noise / ReinFlow).
 
 The deterministic Euler sampler ``x_{k+1} = x_k + dt v(x_k, t_k)`` becomes a Markov chain of
 Gaussian steps by adding noise at every denoising step:
