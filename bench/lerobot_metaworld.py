@@ -1,4 +1,4 @@
-"""LeRobot 0.6.1's own ACT and Diffusion Policy on our Meta-World MT10/MT50 data, under a measured CPU budget.
+"""LeRobot 0.6.1's own ACT and Diffusion Policy on our Meta-World MT10/MT50 (or LIBERO) data, under a measured CPU budget.
 
 The LeRobot side of docs/metaworld.md: LeRobot's policies, trained by LeRobot's own training script
 (``lerobot.scripts.lerobot_train``, the ``lerobot-train`` entry point) on the dataset that
@@ -19,6 +19,11 @@ default ``$LEROBOT_PYTHON`` or /work/lrvenv/bin/python).
         --eval-json runs/lr_act/eval/eval.json --cpu-hours <the CPU-h that train printed>
 
     # Diffusion Policy: the same with --policy diffusion (and --resize 128), --run runs/lr_dp
+
+    # LIBERO: the same train on `vla data generate --suite libero_object` data; scored by lerobot-eval's
+    # LiberoEnv at the data's image size (seeds 1000 + j, fixed initial state j, as `vla eval`)
+    .venv/bin/python bench/lerobot_metaworld.py eval --env libero --image-size 128 --run runs/lr_act_libero \
+        --tasks libero_object --episodes-per-task 50 --chunk-tasks 5 --parallel 2
 
 ``train`` runs again with the same arguments after an interruption: it resumes LeRobot's last
 checkpoint (``--resume=true --config_path=.../train_config.json``) with the planned total steps,
@@ -161,7 +166,7 @@ def fresh_args(args: argparse.Namespace, out: Path, steps: int, save_freq: int, 
         f"--dataset.repo_id={args.repo_id}",
         f"--dataset.root={Path(args.data).resolve()}",
         f"--output_dir={out.resolve()}",
-        f"--job_name=metaworld_{args.policy}",
+        f"--job_name={Path(args.data).name}_{args.policy}",
         f"--steps={steps}",
         f"--save_freq={save_freq}",
         f"--log_freq={log_freq}",
@@ -388,7 +393,14 @@ def main(argv: list[str] | None = None) -> None:
     v.add_argument("--run", required=True)
     v.add_argument("--checkpoint", default=None, help="a pretrained_model folder (default: the run's last)")
     v.add_argument(
-        "--tasks", default="MT10", help="MT10, MT50, LeRobot's groups or task names, comma-separated"
+        "--tasks",
+        default="MT10",
+        help="Meta-World: MT10, MT50, LeRobot's groups or task names, comma-separated; LIBERO: a suite "
+        "(libero_object) or its tasks as SUITE/ID",
+    )
+    v.add_argument("--env", choices=("metaworld", "libero"), default="metaworld", help="lerobot-eval's env")
+    v.add_argument(
+        "--image-size", type=int, default=None, help="LIBERO: render at this size (LeRobot's default 360)"
     )
     v.add_argument("--episodes-per-task", type=int, default=50)
     v.add_argument("--seed", type=int, default=1000)
@@ -404,6 +416,7 @@ def main(argv: list[str] | None = None) -> None:
     c = sub.add_parser("convert", help="an existing eval_info.json -> our eval.json")
     c.add_argument("--eval-info", required=True)
     c.add_argument("--tasks", default="MT10")
+    c.add_argument("--env", choices=("metaworld", "libero"), default="metaworld")
     c.add_argument("--episodes-per-task", type=int, required=True)
     c.add_argument("--seed", type=int, default=1000)
     c.add_argument("--out", required=True)

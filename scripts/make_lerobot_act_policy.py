@@ -1,8 +1,9 @@
 """A small, randomly initialised LeRobot ACT policy folder for Meta-World's features (one camera,
-4-D state and action), made and saved by LeRobot's own classes with its pre/post-processors: what
+4-D state and action) or, with ``--libero``, LIBERO's (cameras ``image`` and ``image2``, 8-D state,
+7-D action), made and saved by LeRobot's own classes with its pre/post-processors: what
 `lerobot-train` writes, at a size a test can load in seconds. Runs in LeRobot's venv:
 
-    /work/lrvenv/bin/python scripts/make_lerobot_act_policy.py OUT [IMAGE_SIZE]
+    /work/lrvenv/bin/python scripts/make_lerobot_act_policy.py OUT [IMAGE_SIZE] [--libero]
 """
 
 import sys
@@ -14,15 +15,19 @@ from lerobot.policies import make_pre_post_processors
 from lerobot.policies.act.configuration_act import ACTConfig
 from lerobot.policies.act.modeling_act import ACTPolicy
 
-out = Path(sys.argv[1])
-size = int(sys.argv[2]) if len(sys.argv) > 2 else 64
+args = [a for a in sys.argv[1:] if a != "--libero"]
+libero = "--libero" in sys.argv
+out = Path(args[0])
+size = int(args[1]) if len(args) > 1 else 64
+cams = ["observation.images.image", "observation.images.image2"] if libero else ["observation.image"]
+state_dim, action_dim = (8, 7) if libero else (4, 4)
 torch.manual_seed(0)
 cfg = ACTConfig(
     input_features={
-        "observation.image": PolicyFeature(FeatureType.VISUAL, (3, size, size)),
-        "observation.state": PolicyFeature(FeatureType.STATE, (4,)),
+        **{c: PolicyFeature(FeatureType.VISUAL, (3, size, size)) for c in cams},
+        "observation.state": PolicyFeature(FeatureType.STATE, (state_dim,)),
     },
-    output_features={"action": PolicyFeature(FeatureType.ACTION, (4,))},
+    output_features={"action": PolicyFeature(FeatureType.ACTION, (action_dim,))},
     chunk_size=10,
     n_action_steps=5,
     dim_model=32,
@@ -36,9 +41,9 @@ cfg = ACTConfig(
 )
 policy = ACTPolicy(cfg)
 stats = {
-    "observation.image": {"mean": torch.full((3, 1, 1), 0.5), "std": torch.full((3, 1, 1), 0.25)},
-    "observation.state": {"mean": torch.zeros(4), "std": torch.ones(4)},
-    "action": {"mean": torch.zeros(4), "std": torch.ones(4)},
+    **{c: {"mean": torch.full((3, 1, 1), 0.5), "std": torch.full((3, 1, 1), 0.25)} for c in cams},
+    "observation.state": {"mean": torch.zeros(state_dim), "std": torch.ones(state_dim)},
+    "action": {"mean": torch.zeros(action_dim), "std": torch.ones(action_dim)},
 }
 pre, post = make_pre_post_processors(cfg, dataset_stats=stats)
 policy.save_pretrained(out)

@@ -19,9 +19,16 @@ with log.open("a") as f:
 if os.path.exists({fail!r}) and len(log.read_text().splitlines()) == 2:
     sys.exit(1)  # the second chunk dies (a machine taken back)
 n = int(args["eval.n_episodes"])
-per_task = [{{"task_group": t, "task_id": 0, "metrics": {{"successes": [j % 2 == 0 for j in range(n)],
+if args["env.type"] == "libero":  # one suite, task ids: groups are the suite, task_id LIBERO's id
+    with log.open("a") as f:
+        f.write(" ".join(args[k] for k in ("env.task_ids", "env.observation_height")) + "\\n")
+    ids = [int(i) for i in args["env.task_ids"].strip("[]").split(",")]
+    groups = [(args["env.task"], i) for i in ids]
+else:
+    groups = [(t, 0) for t in args["env.task"].split(",")]
+per_task = [{{"task_group": t, "task_id": i, "metrics": {{"successes": [j % 2 == i % 2 for j in range(n)],
              "sum_rewards": [0.0] * n, "max_rewards": [0.0] * n, "video_paths": []}}}}
-            for t in args["env.task"].split(",")]
+            for t, i in groups]
 out = pathlib.Path(args["output_dir"])
 out.mkdir(parents=True, exist_ok=True)
 (out / "eval_info.json").write_text(json.dumps({{"per_task": per_task, "overall": {{}}}}))
@@ -60,6 +67,36 @@ def test_chunked_lerobot_eval_resumes_finished_chunks(tmp_path, monkeypatch):
     lm.main([*argv[:-1], "3"])  # other chunks: another evaluation, the old one moved aside
     assert log.read_text().splitlines()[-1] == "reach-v3,push-v3,pick-place-v3"
     assert len(list((run / "eval").glob("lerobot.old-*"))) == 1
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="a shebang stand-in for LeRobot's python")
+def test_lerobot_eval_on_libero_runs_task_ids_at_the_data_size(tmp_path, monkeypatch):
+    """``eval --env libero``: lerobot-eval's LiberoEnv gets the suite, the chunk's task ids and the
+    image size; its per-task entries (group = suite, task_id = LIBERO's id) become SUITE/ID."""
+    from bench import lerobot_metaworld as lm
+
+    monkeypatch.setenv("MUJOCO_GL", "egl")
+    monkeypatch.delenv("LP_NUM_THREADS", raising=False)
+    log, fake = tmp_path / "calls.txt", tmp_path / "python"
+    fake.write_text(FAKE.format(python=sys.executable, log=str(log), fail=str(tmp_path / "never")))
+    fake.chmod(0o755)
+    run = tmp_path / "run"
+    (run / lm.OUT / lm.LAST / "pretrained_model").mkdir(parents=True)
+    (run / lm.OUT / lm.LAST / "pretrained_model" / "config.json").write_text("{}")
+    lm.main(["--lerobot-python", str(fake), "eval", "--env", "libero", "--image-size", "128", "--run", str(run),
+             "--tasks", "libero_object/1,libero_object/4,libero_object/7", "--episodes-per-task", "2",
+             "--chunk-tasks", "2"])  # fmt: skip
+    assert log.read_text().splitlines() == ["libero_object", "[1,4] 128", "libero_object", "[7] 128"]
+    ev = json.loads((run / "eval" / "eval.json").read_text())
+    assert ev["suite"] == "libero_object" and list(ev["tasks"]) == [f"libero_object/{i}" for i in (1, 4, 7)]
+    assert [(e["task"], e["seed"], e["success"]) for e in ev["episodes"]][:2] == [
+        ("libero_object/1", 1000, False),
+        ("libero_object/1", 1001, True),
+    ]
+    assert ev["config"]["max_steps"] == 280 and ev["config"]["image_size"] == 128
+    with pytest.raises(SystemExit, match="one LIBERO suite"):
+        lm.main(["--lerobot-python", str(fake), "eval", "--env", "libero", "--run", str(run),
+                 "--tasks", "libero_object/1,libero_goal/2"])  # fmt: skip
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="a shebang stand-in for LeRobot's python")
