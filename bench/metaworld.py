@@ -194,13 +194,18 @@ def tree_cpu_s(pid: int) -> float:
 
 
 def cmd_train(args: argparse.Namespace) -> None:
+    sys.exit(train_recipe(RECIPES[args.suite], Path(args.run), args.data, args.overrides))
+
+
+def train_recipe(recipe: str, run: Path, data: str, overrides: list[str]) -> int:
+    """``vla train --config recipe`` into ``run`` (``--resume`` where it has a checkpoint), its CPU
+    time added to the run's ledger as it goes -> the exit status. Also bench/libero_policy.py's."""
     from vlastack.train.checkpoint import latest_checkpoint
 
-    run = Path(args.run)
     ledger = read_ledger(run)
     resume = latest_checkpoint(run) is not None
-    cmd = [sys.executable, "-m", "vlastack.cli", "train", "--config", RECIPES[args.suite], "--data", args.data,
-           "--out", str(run), *(["--resume"] if resume else []), *args.overrides]  # fmt: skip
+    cmd = [sys.executable, "-m", "vlastack.cli", "train", "--config", recipe, "--data", data,
+           "--out", str(run), *(["--resume"] if resume else []), *overrides]  # fmt: skip
     print("$", " ".join(cmd), flush=True)
     t0 = time.time()
     row = {"started": datetime.datetime.fromtimestamp(t0).isoformat(timespec="seconds"), "rc": None,
@@ -234,7 +239,7 @@ def cmd_train(args: argparse.Namespace) -> None:
     print(
         f"segment: {row['cpu_s'] / 3600:.2f} CPU-h in {row['wall_s'] / 3600:.2f} h; run total {total / 3600:.2f} CPU-h"
     )
-    sys.exit(rc)
+    return rc
 
 
 def cmd_eval(args: argparse.Namespace) -> None:
