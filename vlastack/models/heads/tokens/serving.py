@@ -62,8 +62,13 @@ class TokenServing(HeadServing):
         self._last_valid: np.ndarray | None = None  # the latest valid chunk [H, A_env] (repeat_last)
 
     def check_rl(self) -> None:
-        if self.policy.model.cfg.head_options.decoding != "autoregressive":  # nothing sampled per token
-            super().check_rl()
+        decoding = self.policy.model.cfg.head_options.decoding
+        if decoding != "autoregressive":  # every token at once, nothing sampled one by one
+            raise ValueError(
+                f"vla rl fine-tunes token heads with autoregressive decoding and flow heads; this policy's "
+                f"head is {self.policy.cfg.head!r} with {decoding} decoding, which samples no per-token "
+                "or per-step distribution to reinforce"
+            )
 
     def rl_sample(
         self, batch: dict[str, Tensor], rl: Any, generator: torch.Generator
