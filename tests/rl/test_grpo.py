@@ -178,12 +178,16 @@ def test_resume_equals_uninterrupted(rl_policy, tmp_path, monkeypatch):
     assert (tmp_path / "a" / "checkpoints" / "step_0000002" / "train_state").is_dir()
 
 
-def test_refuses_heads_it_cannot_train(tmp_path):
-    cfg = load_config("tiny", None, ["model.head=oft"])
-    build_model(cfg.model).save_pretrained(tmp_path / "oft")
-    save_yaml(cfg, tmp_path / "oft" / "config.yaml")
+@pytest.mark.parametrize(
+    "overrides", [["model.head=oft"], ["model.head=tokens", "model.head_options.decoding=parallel"]]
+)
+def test_refuses_heads_it_cannot_train(tmp_path, overrides):
+    """A head whose serving class has no RL sampler (OFT), or a token head decoding in parallel."""
+    cfg = load_config("tiny", None, overrides)
+    build_model(cfg.model).save_pretrained(tmp_path / "p")
+    save_yaml(cfg, tmp_path / "p" / "config.yaml")
     with pytest.raises(ValueError, match="samples no per-token or per-step distribution"):
-        RLRun(tmp_path / "oft", rl_config(tmp_path / "oft", []), tmp_path / "out")
+        RLRun(tmp_path / "p", rl_config(tmp_path / "p", []), tmp_path / "out")
 
 
 def test_flow_logprobs_are_those_of_the_noisy_sampler():
