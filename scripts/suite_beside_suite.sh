@@ -1,7 +1,7 @@
 #!/bin/bash
 # Does the default suite hold on a busy machine? `make test` N times in a row from a fresh clone
 # (A) while a second fresh clone (B) runs `make test` over and over beside it, so every minute of
-# A's runs has a whole second suite competing for the same cores. Writes
+# A's runs has a whole second suite competing for the same cores. Appends a record to
 # bench/results/suite_beside_suite.json (each run's exit status and wall time, the CPU, the load).
 #
 #   bash scripts/suite_beside_suite.sh [N=5] [WORKDIR=/tmp/suite_beside_suite]
@@ -69,8 +69,11 @@ res = {
     "a_all_passed": len(a) == n and all(r["rc"] == 0 for r in a),
     "b_all_passed": all(r["rc"] == 0 for r in b),
 }
+import os
+old = json.load(open(out)) if os.path.exists(out) else {"records": []}
+old["records"].append(res)
 with open(out, "w") as f:
-    json.dump(res, f, indent=2)
+    json.dump(old, f, indent=2)
     f.write("\n")
 print(json.dumps({k: res[k] for k in ("a_all_passed", "b_all_passed")}), "->", out)
 EOF
