@@ -13,6 +13,18 @@ def test_presets_build_and_round_trip_yaml(tmp_path):
         assert from_dict(to_dict(cfg)) == cfg
 
 
+def test_packaged_tiny_recipes_load_and_round_trip(tmp_path):
+    """The packaged recipes written on top of the tiny preset (``vla train --config NAME``) are valid
+    config trees (unknown keys and bad values would raise) that survive a YAML round trip."""
+    for name in ("demo", "demo_tokens", "demo_oft", "metaworld_mt10", "metaworld_mt50", "libero_object"):
+        cfg = load_config("tiny", name)
+        save_yaml(cfg, tmp_path / f"{name}.yaml")
+        assert load_yaml(tmp_path / f"{name}.yaml") == cfg, name
+    lib = load_config("tiny", "libero_object")
+    assert lib.model.camera_names == ("image", "image2") and lib.eval.suite == "libero_object"
+    assert lib.model.grounding.points == 0 and lib.eval.image_size == lib.model.vision.image_size == 128
+
+
 def test_pi0_preset_has_the_exact_shapes():
     m = load_config("pi0").model
     assert (m.vision.width, m.vision.depth, m.vision.heads, m.vision.mlp_dim, m.vision.num_patches) == (
