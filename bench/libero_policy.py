@@ -198,10 +198,18 @@ def cmd_status(args: argparse.Namespace) -> None:
     elif journal.is_file():
         done = sum(1 for line in journal.read_text().splitlines() if '"result"' in line)
         print(f"vlastack  {done} of {10 * TRIALS} episodes evaluated")
-    for name, r in load().get("policies", {}).get(args.suite, {}).items():
-        print(
-            f"{name:<18} {r['mean']:.1%} [{r['ci95'][0]:.1%}, {r['ci95'][1]:.1%}], {r['cpu_hours'] or 0:.2f} CPU-h"
-        )
+    rows = load().get("policies", {}).get(args.suite, {})
+    for name, r in rows.items():
+        ci = f"[{r['ci95'][0]:.1%}, {r['ci95'][1]:.1%}]"
+        print(f"{name:<18} {r['mean']:.1%} {ci}, {r['cpu_hours'] or 0:.2f} CPU-h")
+    from bench.lerobot_common import LEDGER
+
+    for policy in LEROBOT_TRAIN:  # LeRobot runs under way: the budget spent so far
+        name, lr_run = f"lerobot_{policy}", run.with_name(f"{run.name}.lerobot_{policy}")
+        if name not in rows and (lr_run / LEDGER).is_file():
+            spent = sum(r.get("cpu_s", 0.0) for r in json.loads((lr_run / LEDGER).read_text())) / 3600
+            budget = rows.get("vlastack", {}).get("cpu_hours") or 0.0
+            print(f"{name:<18} training: {spent:.2f} of {budget:.2f} CPU-h spent")
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -87,3 +87,33 @@ def test_pipeline_stages_budget_and_rows(tmp_path, monkeypatch):
     assert rows["lerobot_act"]["evaluator"].startswith("lerobot-eval")
     lp.cmd_pipeline(args)
     assert len(calls) == 5  # every stage done: nothing runs again
+
+
+def test_status_reads_each_stage(tmp_path, monkeypatch, capsys):
+    """`status`: episodes in finished blocks, training CPU-hours, episodes journaled, a LeRobot run's
+    budget spent so far (from files alone)."""
+    from bench import libero_policy as lp
+
+    monkeypatch.setattr(lp, "RESULTS", tmp_path / "libero.json")
+    row = {"mean": 0.5, "ci95": [0.4, 0.6], "cpu_hours": 2.0}
+    lp.RESULTS.write_text(json.dumps({"policies": {"libero_object": {"vlastack": row}}}))
+    data, run = tmp_path / "libero_object", tmp_path / "runs" / "libero_object"
+    for block, n in (("0/000", 10), ("0/001", 10), ("1/000", 0)):
+        meta = tmp_path / "libero_object.parts" / "libero_object" / block / "meta"
+        meta.mkdir(parents=True)
+        if n:  # 1/000 is under way
+            (meta / "info.json").write_text(json.dumps({"total_episodes": n}))
+            (meta / "vlastack_sim.json").write_text("{}")
+    run.mkdir(parents=True)
+    (run / "cpu_ledger.json").write_text(json.dumps([{"cpu_s": 5400.0}]))
+    (run / "eval").mkdir()
+    (run / "eval" / "eval.partial.jsonl").write_text('{"fingerprint": 1}\n{"result": {}}\n{"result": {}}\n')
+    lr = tmp_path / "runs" / "libero_object.lerobot_act"
+    lr.mkdir()
+    (lr / "cpu_ledger.json").write_text(json.dumps([{"cpu_s": 3600.0}]))
+    lp.cmd_status(argparse.Namespace(suite="libero_object", data=str(data), run=str(run)))
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].split() == ["data", "20", "of", "500", "episodes", "written"]
+    assert "training under way, 1.50 CPU-h" in out[1] and "2 of 500 episodes evaluated" in out[2]
+    assert out[3].startswith("vlastack") and "50.0% [40.0%, 60.0%], 2.00 CPU-h" in out[3]
+    assert out[4].startswith("lerobot_act") and "training: 1.00 of 2.00 CPU-h spent" in out[4]
