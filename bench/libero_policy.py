@@ -48,11 +48,30 @@ LEROBOT_EVAL = {"act": [], "diffusion": []}  # extra lerobot-eval flags per poli
 LEROBOT_TRAIN = {"act": [], "diffusion": ["--resize", str(IMAGE_SIZE)]}
 
 
+# Published libero_object success (%) beside which the row stands, with each protocol as its source
+# states it (../shared/reference/peers-2026-11-28.md, section 3c). All of them trained on LIBERO's
+# human demonstrations (50 per task, 256 px), most from a pretrained VLM: not the data here.
+PUBLISHED = {
+    "pi05_openpi": {"success": 98.2, "protocol": "pi05_libero, one policy for the four suites; 50 trials "
+                    "per task, seed 7, replanning every 5 steps", "source": "openpi examples/libero/README.md"},
+    "pi05_lerobot": {"success": 99.0, "protocol": "LeRobot's pi0.5 fine-tune (6k steps, 8xH100, batch 256); "
+                     "10 episodes per task", "source": "lerobot docs/source/libero.mdx"},
+    "pi0_openpi": {"success": 98.8, "protocol": "50 trials per task", "source": "openpi examples/libero/README.md @ 7cf5f60"},
+    "pi0_fast_openpi": {"success": 96.8, "protocol": "50 trials per task", "source": "openpi examples/libero/README.md @ 7cf5f60"},
+    "openvla_oft": {"success": 98.4, "protocol": "one policy per suite; 50 trials per task, 3 seeds",
+                    "source": "openvla-oft LIBERO.md"},
+    "smolvla_0.45b": {"success": 96.0, "protocol": "10 trials per task", "source": "SmolVLA paper (arXiv 2506.01844)"},
+    "diffusion_policy_scratch": {"success": 92.5, "protocol": "from scratch; trials not stated",
+                                 "source": "VLA-Adapter paper, Table 5"},
+}  # fmt: skip
+
+
 def load() -> dict:
     return json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
 
 
 def save(res: dict) -> None:
+    res.setdefault("published", {})["libero_object"] = PUBLISHED
     RESULTS.write_text(json.dumps(res, indent=1) + "\n")
     print(f"wrote {RESULTS}")
 
