@@ -44,7 +44,6 @@ RESULTS = HERE / "results" / "libero.json"
 IMAGE_SIZE = 128  # the data's and every evaluation's
 DEMOS_PER_TASK = 50  # LIBERO's datasets hold 50 demonstrations per task
 TRIALS = 50  # per task: LIBERO's 50 fixed initial states, lerobot-eval's seeds 1000 + j
-LEROBOT_EVAL = {"act": [], "diffusion": []}  # extra lerobot-eval flags per policy (none)
 LEROBOT_TRAIN = {"act": [], "diffusion": ["--resize", str(IMAGE_SIZE)]}
 
 
@@ -178,7 +177,7 @@ def lerobot_stage(suite: str, policy: str, data: Path, run: Path, workers: int) 
     if not ev_path.is_file():
         cmd = [*script, "eval", "--env", "libero", "--image-size", str(IMAGE_SIZE), "--run", str(lr_run),
                "--tasks", suite, "--episodes-per-task", str(TRIALS), "--seed", "1000", "--chunk-tasks", "5",
-               "--parallel", str(max(1, workers)), *LEROBOT_EVAL[policy]]  # fmt: skip
+               "--parallel", str(max(1, workers))]  # fmt: skip
         print("$", " ".join(cmd), flush=True)
         if subprocess.call(cmd) != 0:
             sys.exit(1)
@@ -196,7 +195,8 @@ def lerobot_stage(suite: str, policy: str, data: Path, run: Path, workers: int) 
 
 
 def cmd_status(args: argparse.Namespace) -> None:
-    from vlastack.sim.generate import PARTS_SUFFIX, finished_blocks
+    from vlastack.sim.generate import episodes_written
+    from vlastack.sim.libero import task_keys
 
     data, run = Path(args.data), Path(args.run)
     if data_done(data):
@@ -204,10 +204,13 @@ def cmd_status(args: argparse.Namespace) -> None:
             f"data      done: {json.loads((data / 'meta' / 'info.json').read_text())['total_episodes']} episodes"
         )
     else:
-        parts = data.with_name(data.name + PARTS_SUFFIX)
-        blocks = [b for p in parts.glob("*/*") if p.is_dir() for b in finished_blocks(p)]
-        n = sum(json.loads((b / "meta" / "info.json").read_text())["total_episodes"] for b in blocks)
-        print(f"data      {n} of {10 * DEMOS_PER_TASK} episodes written" if n else "data      not started")
+        tasks = task_keys(args.suite)
+        n = episodes_written(data, tasks)
+        print(
+            f"data      {n} of {len(tasks) * DEMOS_PER_TASK} episodes written"
+            if n
+            else "data      not started"
+        )
     cpu_h = sum(r["cpu_s"] for r in read_ledger(run)) / 3600
     state = "done" if training_done(run) else ("under way" if cpu_h else "not started")
     print(f"vlastack  training {state}, {cpu_h:.2f} CPU-h")

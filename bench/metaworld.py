@@ -305,18 +305,18 @@ def cmd_status(args: argparse.Namespace) -> None:
         print(f"{stage:<17} {text}")
 
     data, run = Path(args.data), Path(args.run)
-    n_tasks = len(expand_tasks([args.suite.upper()]))
+    tasks = expand_tasks([args.suite.upper()])
+    n_tasks = len(tasks)
     if (data / "meta" / "vlastack_sim.json").is_file():
         info = json.loads((data / "meta" / "info.json").read_text())
         say("data", f"done: {info['total_episodes']} episodes, {info['total_frames']} frames in {data}")
     else:
-        from vlastack.sim.generate import PARTS_SUFFIX, finished_blocks
+        from vlastack.sim.generate import PARTS_SUFFIX, episodes_written
 
-        parts = data.with_name(data.name + PARTS_SUFFIX)
-        blocks = [b for p in parts.glob("*") if p.is_dir() for b in finished_blocks(p)]
-        n = sum(json.loads((b / "meta" / "info.json").read_text())["total_episodes"] for b in blocks)
+        n = episodes_written(data, tasks)
         if n:
-            per_task = json.loads((parts / "settings.json").read_text())["episodes_per_task"]
+            stamp = data.with_name(data.name + PARTS_SUFFIX) / "settings.json"
+            per_task = json.loads(stamp.read_text())["episodes_per_task"]
             say("data", f"{n} of {per_task * n_tasks} episodes written, then the merge")
         else:
             say("data", "not started")

@@ -47,6 +47,7 @@ import json
 import multiprocessing as mp
 import shutil
 import time
+from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -467,6 +468,14 @@ def finished_blocks(part: Path) -> list[Path]:
         return [part]
     blocks = sorted(p for p in part.glob("[0-9][0-9][0-9]") if p.is_dir())
     return [b for b in blocks if (b / "meta" / "vlastack_sim.json").is_file()]
+
+
+def episodes_written(out: str | Path, tasks: Sequence[str]) -> int:
+    """Episodes in the finished blocks of an unfinished per-task generation into ``out`` (0 when
+    it has not started)."""
+    parts = Path(out).with_name(Path(out).name + PARTS_SUFFIX)
+    blocks = [b for t in tasks for b in finished_blocks(parts / t)]
+    return sum(json.loads((b / "meta" / "info.json").read_text())["total_episodes"] for b in blocks)
 
 
 def _generate_by_parts(

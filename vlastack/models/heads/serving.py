@@ -106,10 +106,13 @@ class HeadServing:
     def check_rl(self) -> None:
         """``vla rl`` (GRPO, ``rl/runner.py``) needs a stochastic policy with log-probabilities:
         raise ValueError where the head has none."""
+        self._refuse_rl()
+
+    def _refuse_rl(self, how: str = "") -> None:
         raise ValueError(
             f"vla rl fine-tunes token heads with autoregressive decoding and flow heads; this policy's "
-            f"head is {self.policy.cfg.head!r}, which samples no per-token or per-step distribution to "
-            "reinforce"
+            f"head is {self.policy.cfg.head!r}{how}, which samples no per-token or per-step distribution "
+            "to reinforce"
         )
 
     def rl_sample(

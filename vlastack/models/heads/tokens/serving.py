@@ -64,16 +64,11 @@ class TokenServing(HeadServing):
     def check_rl(self) -> None:
         decoding = self.policy.model.cfg.head_options.decoding
         if decoding != "autoregressive":  # every token at once, nothing sampled one by one
-            raise ValueError(
-                f"vla rl fine-tunes token heads with autoregressive decoding and flow heads; this policy's "
-                f"head is {self.policy.cfg.head!r} with {decoding} decoding, which samples no per-token "
-                "or per-step distribution to reinforce"
-            )
+            self._refuse_rl(f" with {decoding} decoding")
 
     def rl_sample(
         self, batch: dict[str, Tensor], rl: Any, generator: torch.Generator
     ) -> tuple[Tensor, Tensor, Tensor]:
-        self.check_rl()
         model = self.policy.model
         ids, lengths = model.head.generate(model, batch, rl.temperature, 1.0, generator)
         actions, valid = model.head.decode_actions(ids, lengths)
