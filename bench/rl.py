@@ -109,7 +109,11 @@ def cmd_record(args: argparse.Namespace) -> None:
     cfg = load_yaml(rl_run / "config.yaml")
     evals = {
         "start": _score(start, args.episodes, rl_run / "eval_start"),
-        "rl": _score(rl_run / "final", args.episodes, rl_run / "eval_test"),
+        "rl": _score(
+            rl_run / args.pick,
+            args.episodes,
+            rl_run / {"final": "eval_test", "best": "eval_test_best"}[args.pick],
+        ),
         # its EMA weights where it kept them, as bench/heads.py scores every trained head
         "imitation": _score(_ema(base_run / "final"), args.episodes, base_run / "eval_test"),
     }
@@ -121,6 +125,9 @@ def cmd_record(args: argparse.Namespace) -> None:
         "start": str(start),
         "method": cfg.rl.method,
         "rl": {k: v for k, v in vars(cfg.rl).items()},
+        # best/: the iteration the validation seeds picked (vla rl's best.json); the CPU-hours are
+        # the whole run's all the same, since picking needed every iteration to be run
+        "scored": args.pick if args.pick == "final" else json.loads((rl_run / "best.json").read_text()),
         "rl_cpu_h": round(rows[-1]["cpu_s"] / 3600, 3),
         "iterations": len(rows),
         "rollout_episodes": sum(r["episodes"] for r in rows),
@@ -185,6 +192,12 @@ def main() -> None:
     r.add_argument("--rl", required=True)
     r.add_argument("--baseline", required=True)
     r.add_argument("--episodes", type=int, default=400)
+    r.add_argument(
+        "--pick",
+        choices=("final", "best"),
+        default="final",
+        help="score the run's last policy, or the one its validation seeds picked (best/)",
+    )
     r.add_argument("--start-val", default=None, help="JSON: the start on the validation seeds")
     r.add_argument("--note", default="", help="what the run tried, in words")
     r.set_defaults(func=cmd_record)

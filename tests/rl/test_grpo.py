@@ -178,6 +178,28 @@ def test_resume_equals_uninterrupted(rl_policy, tmp_path, monkeypatch):
     assert (tmp_path / "a" / "checkpoints" / "step_0000002" / "train_state").is_dir()
 
 
+@pytest.mark.parametrize("rl_policy", ["tokens"], indirect=True)  # the choice is the loop's, not the head's
+def test_best_is_the_best_validated_iteration_across_a_resume(rl_policy, tmp_path, monkeypatch):
+    """Validation scores 0.5, 0.8, 0.8 (scripted): best/ holds iteration 2's weights (the earliest
+    on a tie, not the final ones), and a run resumed after iteration 2 keeps it."""
+    _reward_from_samples(monkeypatch)
+    scores = iter([0.5, 0.8, 0.8, 0.5, 0.8, 0.8])
+    monkeypatch.setattr(RLRun, "validate", lambda self: {"val_success": next(scores), "val_by_task": {}})
+    over = ["rl.groups=2", "rl.group_size=3", "rl.minibatch=16", "rl.tasks=[reach]", "rl.eval_every=1",
+            "rl.keep_last=1", "rl.lr=1e-3"]  # fmt: skip
+    RLRun(rl_policy, rl_config(rl_policy, ["rl.iterations=3", *over]), tmp_path / "a").fit()
+    RLRun(rl_policy, rl_config(rl_policy, ["rl.iterations=2", *over]), tmp_path / "b").fit()
+    RLRun(rl_policy, rl_config(rl_policy, ["rl.iterations=3", *over]), tmp_path / "b", resume=True).fit()
+    weights = {r: load_file(tmp_path / r / "best" / "model.safetensors") for r in ("a", "b")}
+    for r in ("a", "b"):
+        assert json.loads((tmp_path / r / "best.json").read_text()) == {"iteration": 2, "val_success": 0.8}
+        assert all(torch.equal(weights["a"][k], v) for k, v in weights[r].items())
+    final = load_file(tmp_path / "a" / "final" / "model.safetensors")
+    assert any(not torch.equal(weights["a"][k], final[k]) for k in final)
+    assert (tmp_path / "a" / "best" / "config.yaml").is_file()
+    assert not (tmp_path / "a" / "best" / "train_state").exists()
+
+
 @pytest.mark.parametrize(
     "overrides", [["model.head=oft"], ["model.head=tokens", "model.head_options.decoding=parallel"]]
 )

@@ -13,7 +13,9 @@ decisions of the informative groups (``grpo.clipped_loss``) -> a checkpoint.
 The run folder is a training run's: ``checkpoints/step_<iteration>/`` (a policy folder plus
 ``train_state``: the optimizer), ``metrics.jsonl`` (one row per iteration: rollout success by task,
 informative groups, the update's statistics, CPU seconds), ``config.yaml`` and ``final/`` (a
-policy folder ``vla eval`` takes). ``--resume`` continues from the latest checkpoint and draws what
+policy folder ``vla eval`` takes). With ``rl.eval_every`` on, ``best/`` is the policy of the
+iteration with the best validation success so far (the earliest on a tie; ``best.json`` says which),
+so a run that peaks and then drifts is picked by its validation seeds, never by the test seeds. ``--resume`` continues from the latest checkpoint and draws what
 an uninterrupted run draws: each iteration's seeds and sampling noise depend only on its index.
 """
 
@@ -103,6 +105,7 @@ class RLRun:
         sweep(self.out)  # a checkpoint a crash left half-written
         save_yaml(cfg, self.out / "config.yaml")
         self._keep_metrics(self.start)
+        self.best = self._load_best()
 
     # ------------------------------------------------------------------ the loop
 
@@ -118,8 +121,11 @@ class RLRun:
                 if rl.eval_every and (it + 1) % rl.eval_every == 0:
                     row.update(self.validate())
                 row["cpu_s"] = round(self._cpu_s() - cpu0, 1)  # everything so far, validation too
-                if (it + 1) % rl.save_every == 0 or it + 1 == rl.iterations:
-                    self.save(it + 1)
+                # A validated iteration is always saved: best/ is copied from its checkpoint.
+                if (it + 1) % rl.save_every == 0 or it + 1 == rl.iterations or "val_success" in row:
+                    ckpt = self.save(it + 1)
+                    if "val_success" in row and row["val_success"] > self.best["val_success"]:
+                        self._keep_best(ckpt, it + 1, row["val_success"])
                 with open(self.out / METRICS, "a") as f:
                     f.write(json.dumps(row) + "\n")
                 bar.update(
@@ -234,6 +240,21 @@ class RLRun:
         save_yaml(self.cfg, tmp / "config.yaml")
         save_state({"optimizer": self.opt.state_dict(), "iteration": iteration}, tmp / STATE, "rl")
         return commit(self.out, iteration, self.rl.keep_last)
+
+    def _load_best(self) -> dict[str, Any]:
+        """The best validated iteration so far (a resumed run's ``best.json``, if its checkpoint is
+        one the run still holds: iterations past ``self.start`` are redone)."""
+        path = self.out / "best.json"
+        if path.exists():
+            best = json.loads(path.read_text())
+            if best["iteration"] <= self.start:
+                return best
+        return {"iteration": None, "val_success": -1.0}
+
+    def _keep_best(self, ckpt: Path, iteration: int, val_success: float) -> None:
+        export_final(self.out, ckpt, name="best")
+        self.best = {"iteration": iteration, "val_success": val_success}
+        atomic_write_text(self.out / "best.json", json.dumps(self.best) + "\n")
 
     def _keep_metrics(self, start: int) -> None:
         """A resumed run keeps the rows of the iterations its checkpoint holds (a crash after a

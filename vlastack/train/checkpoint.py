@@ -145,10 +145,10 @@ def claim_run_dir(run_dir: str | Path, overwrite: bool = False) -> None:
             p.unlink()
 
 
-def export_final(run_dir: str | Path, ckpt: Path) -> Path:
-    """Copy the policy files of ``ckpt`` (no training state) to ``<run>/final`` (atomic rename)."""
+def export_final(run_dir: str | Path, ckpt: Path, name: str = "final") -> Path:
+    """Copy the policy files of ``ckpt`` (no training state) to ``<run>/<name>`` (atomic rename)."""
     run_dir = Path(run_dir)
-    tmp, final = run_dir / ".tmp-final", run_dir / "final"
+    tmp, final = run_dir / f".tmp-{name}", run_dir / name
     shutil.rmtree(tmp, ignore_errors=True)
     shutil.copytree(ckpt, tmp, ignore=shutil.ignore_patterns("train_state"))
     fsync_tree(tmp)
