@@ -597,6 +597,10 @@ class RLConfig:
     drop_uniform_groups: bool = True  # dynamic sampling: all-success / all-failure groups skipped
     seed: int = 0  # the sampling noise (per iteration: resumes draw the same tokens)
     num_threads: int = 0  # torch CPU threads; 0 = torch's default
+    # Rollout envs: 0 = in this process; n = n worker processes stepping them at once (rl/envs.py),
+    # or n Ray actors of one CPU each on the cluster at ray_address ("local", "auto", HOST:PORT).
+    env_workers: int = 0
+    ray_address: str = ""
     save_every: int = 1  # iterations between checkpoints
     keep_last: int = 2
     # Greedy evaluation every eval_every iterations (0 = off) on eval_episodes validation seeds
@@ -622,6 +626,16 @@ class RLConfig:
         _check(self.kl_coef >= 0, "kl_coef", f"must be >= 0, got {self.kl_coef}")
         _check(self.max_grad_norm > 0, "max_grad_norm", f"must be > 0, got {self.max_grad_norm}")
         _check(self.num_threads >= 0, "num_threads", "must be >= 0 (0 = default)")
+        _check(
+            self.env_workers >= 0,
+            "env_workers",
+            f"must be >= 0 (0 = in this process), got {self.env_workers}",
+        )
+        _check(
+            not self.ray_address or self.env_workers > 0,
+            "ray_address",
+            "runs the rollout envs as rl.env_workers Ray actors: set rl.env_workers > 0 too",
+        )
         _check(self.eval_every >= 0, "eval_every", "must be >= 0 (0 = off)")
         _positive(self, "eval_episodes")
 

@@ -19,7 +19,7 @@ import torch
 
 from vlastack.infer.chunking import ActionChunker
 from vlastack.infer.obs import Obs
-from vlastack.sim.env import make_env
+from vlastack.rl.envs import EnvPool, EnvWorkers
 
 
 @dataclass
@@ -40,36 +40,10 @@ class Rollout:
     invalid_chunks: int = 0
 
 
-class EnvPool:
-    """Envs kept across iterations (building a MuJoCo scene costs more than resetting it), one
-    list per task, grown on demand."""
-
-    def __init__(self, env_kw: dict[str, Any]) -> None:
-        self.env_kw = env_kw
-        self.envs: dict[str, list] = {}
-
-    def take(self, tasks: list[str]) -> list:
-        """One env per entry of ``tasks`` (the same task twice: two envs)."""
-        out, used = [], {}
-        for t in tasks:
-            pool = self.envs.setdefault(t, [])
-            i = used[t] = used.get(t, -1) + 1
-            if i == len(pool):
-                pool.append(make_env(t, **self.env_kw))
-            out.append(pool[i])
-        return out
-
-    def close(self) -> None:
-        for pool in self.envs.values():
-            for env in pool:
-                env.close()
-        self.envs.clear()
-
-
 @torch.no_grad()
 def collect(
     policy: Any,
-    pool: EnvPool,
+    pool: EnvPool | EnvWorkers,
     jobs: list[tuple[str, int, int]],
     steps_per_chunk: int,
     draw: Callable[[dict], tuple[torch.Tensor, torch.Tensor, torch.Tensor]],
@@ -78,14 +52,15 @@ def collect(
     """Run ``jobs`` ((task, seed, group) each) to the end, side by side. ``draw(batch)`` samples
     the policy -> (normalized actions [B, H, A], what was sampled [B, ...], valid bool [B]).
     -> the episodes (in ``jobs`` order) and every decision. ``on_episode(record)`` after each
-    finished episode (a progress bar)."""
-    envs = pool.take([t for t, _, _ in jobs])
+    finished episode (a progress bar). The envs live in ``pool`` (``rl/envs.py``): this process, or
+    workers that step them all at once."""
+    slots = pool.take([t for t, _, _ in jobs])
+    first = pool.reset([(slot, seed) for slot, (_, seed, _) in zip(slots, jobs, strict=True)])
     out = Rollout()
     runs = []
-    for i, (env, (task, seed, group)) in enumerate(zip(envs, jobs, strict=True)):
-        obs, _ = env.reset(seed=seed)
+    for i, (slot, obs, (task, seed, group)) in enumerate(zip(slots, first, jobs, strict=True)):
         out.episodes.append({"task": task, "seed": seed, "group": group, "success": False, "steps": 0})
-        runs.append({"i": i, "env": env, "obs": obs, "t": 0, "done": False,
+        runs.append({"i": i, "slot": slot, "obs": obs, "t": 0, "done": False,
                      "chunker": ActionChunker(steps_per_chunk)})  # fmt: skip
     while active := [r for r in runs if not r["done"]]:
         asking = [r for r in active if r["chunker"].needs_chunk()]
@@ -98,8 +73,8 @@ def collect(
             for k, r in enumerate(asking):
                 r["chunker"].add(actions[k])
                 out.decisions.append(Decision(checked[k], sampled[k].cpu(), r["i"]))
-        for r in active:
-            obs, _, terminated, truncated, info = r["env"].step(r["chunker"].next_action().astype(np.float32))
+        steps = pool.step([(r["slot"], r["chunker"].next_action().astype(np.float32)) for r in active])
+        for r, (obs, _, terminated, truncated, info) in zip(active, steps, strict=True):
             r["obs"], r["t"] = obs, r["t"] + 1
             if terminated or truncated:
                 r["done"] = True

@@ -35,8 +35,9 @@ from vlastack.config import Config, save_yaml
 from vlastack.diagnostics.run_report import rl_report
 from vlastack.infer.policy import Policy
 from vlastack.progress import Progress
+from vlastack.rl.envs import make_pool
 from vlastack.rl.grpo import clipped_loss, group_advantages
-from vlastack.rl.rollout import Decision, EnvPool, collect
+from vlastack.rl.rollout import Decision, collect
 from vlastack.sim.env import suite_tasks
 from vlastack.train.checkpoint import begin, claim_run_dir, commit, export_final, latest_checkpoint, sweep
 from vlastack.train.state import atomic_write_text, load_state, save_state
@@ -98,9 +99,10 @@ class RLRun:
             self.opt.load_state_dict(state["optimizer"])
             self.start = int(state["iteration"])
         self.tasks = suite_tasks(cfg.eval.suite, self.rl.tasks or tuple(cfg.eval.tasks))
-        self.pool = EnvPool({"suite": cfg.eval.suite, "image_size": cfg.eval.image_size,
-                             "cameras": tuple(cfg.model.camera_names), "max_steps": cfg.eval.max_steps,
-                             "render_quality": cfg.eval.render_quality})  # fmt: skip
+        env_kw = {"suite": cfg.eval.suite, "image_size": cfg.eval.image_size,
+                  "cameras": tuple(cfg.model.camera_names), "max_steps": cfg.eval.max_steps,
+                  "render_quality": cfg.eval.render_quality}  # fmt: skip
+        self.pool = make_pool(env_kw, self.rl.env_workers, self.rl.ray_address)
         self.out.mkdir(parents=True, exist_ok=True)
         sweep(self.out)  # a checkpoint a crash left half-written
         save_yaml(cfg, self.out / "config.yaml")
