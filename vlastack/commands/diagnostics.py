@@ -11,9 +11,11 @@ def register(sub, groups) -> None:
 
     d = sub.add_parser(
         "doctor",
-        help="profile a short real training run: where the time and memory go, and what to change",
+        help="profile a short real training run: where the time and memory go, and what to change "
+        "(--run: read a vla rl run instead)",
         description="Runs a few real training steps of the config under torch.profiler and writes "
-        "report.json, report.html and trace.json (Perfetto). See docs/doctor.md.",
+        "report.json, report.html and trace.json (Perfetto). With --run, reads a vla rl run folder "
+        "instead. See docs/doctor.md.",
     )
     d.add_argument(
         "--data", default=None, help="dataset folder (default: data.path; none: synthetic batches)"
@@ -28,6 +30,12 @@ def register(sub, groups) -> None:
     d.add_argument("--try", dest="try_recs", action="store_true", help="re-run with each applicable fix")
     d.add_argument("--out", default="runs/doctor", help="report folder (default runs/doctor)")
     d.add_argument("--device", default=None, help="cpu | cuda | cuda:N (default: cuda when available)")
+    d.add_argument(
+        "--run",
+        default=None,
+        help="read a vla rl run folder instead: is it learning, is there a signal, do the updates move "
+        "the policy, where the time goes, what to change (writes RUN/doctor.json)",
+    )
     add_config_args(d)
     d.set_defaults(func=_doctor)
 
@@ -78,6 +86,15 @@ def register(sub, groups) -> None:
 
 
 def _doctor(args: argparse.Namespace) -> int:
+    if args.run:
+        from pathlib import Path
+
+        from vlastack.diagnostics.rl_doctor import diagnose, format_report
+
+        report = diagnose(args.run)
+        print(format_report(report))
+        Path(args.run, "doctor.json").write_text(json.dumps(report, indent=1) + "\n")
+        return 0
     from vlastack.commands.common import config_from_args
     from vlastack.diagnostics.doctor import DoctorOptions, run_doctor
 
