@@ -14,9 +14,11 @@ The run folder is a training run's: ``checkpoints/step_<iteration>/`` (a policy 
 ``train_state``: the optimizer), ``metrics.jsonl`` (one row per iteration: rollout success by task,
 informative groups, the update's statistics, CPU seconds), ``config.yaml`` and ``final/`` (a
 policy folder ``vla eval`` takes). With ``rl.eval_every`` on, ``best/`` is the policy of the
-iteration with the best validation success so far (the earliest on a tie; ``best.json`` says which),
-so a run that peaks and then drifts is picked by its validation seeds, never by the test seeds. ``--resume`` continues from the latest checkpoint and draws what
-an uninterrupted run draws: each iteration's seeds and sampling noise depend only on its index.
+iteration with the best validation success so far (the earliest on a tie; ``best.json`` says
+which), so a run that peaks and then drifts is picked by its validation seeds, never by the test
+seeds. ``--resume`` continues from the latest checkpoint and draws what an uninterrupted run
+draws: each iteration's seeds and sampling noise depend only on its index. The envs live in this
+process or in workers (``rl.env_workers``, ``rl/envs.py``); ``vla doctor --run`` reads the folder.
 """
 
 from __future__ import annotations
