@@ -14,7 +14,8 @@ from vlastack.diagnostics.rl_doctor import diagnose
 
 def _run(tmp_path, rows, **rl):
     cfg = load_config("tiny")
-    save_yaml(replace(cfg, rl=replace(cfg.rl, groups=4, eval_episodes=60, **rl)), tmp_path / "config.yaml")
+    rl = {"groups": 4, "eval_episodes": 60} | rl
+    save_yaml(replace(cfg, rl=replace(cfg.rl, **rl)), tmp_path / "config.yaml")
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     return tmp_path
 
@@ -55,6 +56,14 @@ def test_a_learning_run_with_little_signal_and_slow_envs(tmp_path):
     assert d["findings"][1]["overrides"] == ["rl.env_workers=2"]
     d = diagnose(_run(tmp_path, rows, env_workers=2))
     assert [f["id"] for f in d["findings"]] == ["few_informative_groups"]
+
+
+def test_a_validation_curve_that_never_beats_its_first_point(tmp_path):
+    rows = [_row(i, 0.4, clip=0.02, ratio=0.05) for i in range(20)]
+    rows[9]["val_success"], rows[19]["val_success"] = 0.62, 0.513
+    d = diagnose(_run(tmp_path, rows, eval_episodes=150))
+    assert [f["id"] for f in d["findings"]] == ["validation_not_rising", "flat_rollout_success"]
+    assert "first 62.0% (iteration 10), last 51.3%" in d["findings"][0]["why"]
 
 
 def test_cli_prints_and_writes_doctor_json(tmp_path, capsys):

@@ -124,7 +124,15 @@ def diagnose(run_dir: str | Path) -> dict[str, Any]:
         p = (v0["success"] + vb["success"]) / 2
         noise = 1.96 * math.sqrt(2 * p * (1 - p) / rl.eval_episodes)  # two independent proportions
         summary["validation_noise"] = round(noise, 3)
-        if vb["success"] - v0["success"] < noise:
+        if vb is v0:
+            add(
+                "validation_not_rising",
+                "No later validation point beat the first",
+                f"first {v0['success']:.1%} (iteration {v0['iteration']}), last {val[-1]['success']:.1%}: "
+                "the iterations after the first validation did not help the greedy policy (the 95% noise "
+                f"of {rl.eval_episodes} episodes each is {noise:.1%}).",
+            )
+        elif vb["success"] - v0["success"] < noise:
             add(
                 "validation_within_noise",
                 "The validation curve does not separate from its noise",
