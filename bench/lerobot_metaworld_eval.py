@@ -136,7 +136,7 @@ def gl_env(py: str) -> dict:
 
 
 def wilson(k: int, n: int, z: float = 1.96) -> list[float]:
-    """The 95% Wilson interval of k successes in n (vlastack/sim/evaluate.py's, stdlib only)."""
+    """The 95% Wilson interval of k successes in n (vlastack/stats.py's, stdlib only)."""
     if n == 0:
         return [0.0, 0.0]
     p = k / n

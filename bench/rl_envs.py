@@ -25,7 +25,7 @@ import torch  # noqa: E402
 from bench.common import environment  # noqa: E402
 from vlastack.infer.policy import Policy  # noqa: E402
 from vlastack.labs._core import cpu_flags  # noqa: E402
-from vlastack.rl.envs import make_pool  # noqa: E402
+from vlastack.rl.envs import make_pool, rollout_env_kw  # noqa: E402
 from vlastack.rl.rollout import collect  # noqa: E402
 from vlastack.rl.runner import iteration_jobs, rl_config  # noqa: E402
 
@@ -48,8 +48,7 @@ def main() -> None:
     from vlastack.sim.env import suite_tasks
 
     tasks = suite_tasks(ev.suite, rl.tasks or tuple(ev.tasks))
-    env_kw = {"suite": ev.suite, "image_size": ev.image_size, "cameras": tuple(cfg.model.camera_names),
-              "max_steps": ev.max_steps, "render_quality": ev.render_quality}  # fmt: skip
+    env_kw = rollout_env_kw(cfg)
     rows = []
     for n in (int(x) for x in args.workers.split(",")):
         pool = make_pool(env_kw, n)

@@ -196,7 +196,7 @@ def test_heads_are_asked_never_named_outside_their_folders():
 # vlastack's packages from the bottom up; a package imports only packages of a lower layer (a
 # module of its own package aside). ``commands`` holds every ``vla`` subcommand, ``cli`` wires them.
 LAYERS = (
-    {"fileio", "errors", "folderlock", "progress"},
+    {"fileio", "errors", "folderlock", "progress", "stats"},
     {"config"},
     {"batch"},
     {"nn"},

@@ -28,16 +28,6 @@ TINY_CLIP, TINY_RATIO = 0.01, 0.02
 FEW_INFORMATIVE = 0.5  # below half the groups disagreeing, most rollouts teach nothing
 
 
-def _wilson(k: float, n: int) -> tuple[float, float]:
-    if n == 0:
-        return 0.0, 1.0
-    p, z = k / n, 1.96
-    d = 1 + z * z / n
-    c = (p + z * z / (2 * n)) / d
-    h = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / d
-    return max(0.0, c - h), min(1.0, c + h)
-
-
 def _mean(xs: list[float]) -> float:
     return sum(xs) / len(xs) if xs else float("nan")
 
@@ -45,6 +35,7 @@ def _mean(xs: list[float]) -> float:
 def diagnose(run_dir: str | Path) -> dict[str, Any]:
     """-> {"summary": {...}, "validation": [...], "findings": [{"id", "title", "why", "overrides"}]}."""
     from vlastack.config import load_yaml
+    from vlastack.stats import wilson
     from vlastack.train.logs import read_metrics
 
     run = Path(run_dir)
@@ -83,7 +74,7 @@ def diagnose(run_dir: str | Path) -> dict[str, Any]:
     val = []
     for r in rows:
         if "val_success" in r:
-            lo, hi = _wilson(r["val_success"] * rl.eval_episodes, rl.eval_episodes)
+            lo, hi = wilson(round(r["val_success"] * rl.eval_episodes), rl.eval_episodes)
             val.append(
                 {
                     "iteration": r["iteration"] + 1,

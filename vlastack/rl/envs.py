@@ -31,8 +31,27 @@ import numpy as np
 Slot = tuple[str, int]
 
 
-class EnvHost:
-    """The envs of one worker (or of this process), by slot."""
+def rollout_env_kw(cfg: Any) -> dict[str, Any]:
+    """``make_env`` keywords for a policy's rollouts: its evaluation setting and cameras."""
+    ev = cfg.eval
+    return {"suite": ev.suite, "image_size": ev.image_size, "cameras": tuple(cfg.model.camera_names),
+            "max_steps": ev.max_steps, "render_quality": ev.render_quality}  # fmt: skip
+
+
+def take(tasks: list[str]) -> list[Slot]:
+    """One slot per entry of ``tasks`` (the same task twice: two envs)."""
+    used: dict[str, int] = {}
+    out = []
+    for t in tasks:
+        used[t] = used.get(t, -1) + 1
+        out.append((t, used[t]))
+    return out
+
+
+class EnvPool:
+    """Envs by slot, in this process (``rl.env_workers=0``), or in one worker of ``EnvWorkers``."""
+
+    take = staticmethod(take)
 
     def __init__(self, env_kw: dict[str, Any]) -> None:
         self.env_kw = env_kw
@@ -58,36 +77,10 @@ class EnvHost:
         self.envs.clear()
 
 
-class EnvPool:
-    """Every env in this process (``rl.env_workers=0``)."""
-
-    def __init__(self, env_kw: dict[str, Any]) -> None:
-        self.host = EnvHost(env_kw)
-
-    @staticmethod
-    def take(tasks: list[str]) -> list[Slot]:
-        """One slot per entry of ``tasks`` (the same task twice: two envs)."""
-        used: dict[str, int] = {}
-        out = []
-        for t in tasks:
-            used[t] = used.get(t, -1) + 1
-            out.append((t, used[t]))
-        return out
-
-    def reset(self, items: list[tuple[Slot, int]]) -> list[dict]:
-        return self.host.reset(items)
-
-    def step(self, items: list[tuple[Slot, np.ndarray]]) -> list[tuple]:
-        return self.host.step(items)
-
-    def close(self) -> None:
-        self.host.close()
-
-
 def _serve(conn: Any, env_kw: dict[str, Any]) -> None:
     """A worker process: (method, items) in, ("ok", result) or ("error", traceback) out."""
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    host = EnvHost(env_kw)
+    host = EnvPool(env_kw)
     try:
         while True:
             method, items = conn.recv()
@@ -168,13 +161,13 @@ class EnvWorkers:
             from vlastack.sim.ray_pool import connect
 
             ray = connect(ray_address)
-            actor_cls = ray.remote(num_cpus=1)(EnvHost)
+            actor_cls = ray.remote(num_cpus=1)(EnvPool)
             self.workers: list = [_RayWorker(ray, actor_cls, env_kw, i) for i in range(n)]
         else:
             self.workers = [_ProcessWorker(env_kw, i) for i in range(n)]
         self.home: dict[Slot, int] = {}  # slot -> worker, fixed at first use
 
-    take = staticmethod(EnvPool.take)
+    take = staticmethod(take)
 
     def _call(self, method: str, items: list[tuple[Slot, Any]]) -> list:
         share: dict[int, list[int]] = {}

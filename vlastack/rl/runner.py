@@ -37,7 +37,7 @@ from vlastack.config import Config, save_yaml
 from vlastack.diagnostics.run_report import rl_report
 from vlastack.infer.policy import Policy
 from vlastack.progress import Progress
-from vlastack.rl.envs import make_pool
+from vlastack.rl.envs import make_pool, rollout_env_kw
 from vlastack.rl.grpo import clipped_loss, group_advantages
 from vlastack.rl.rollout import Decision, collect
 from vlastack.sim.env import suite_tasks
@@ -101,10 +101,7 @@ class RLRun:
             self.opt.load_state_dict(state["optimizer"])
             self.start = int(state["iteration"])
         self.tasks = suite_tasks(cfg.eval.suite, self.rl.tasks or tuple(cfg.eval.tasks))
-        env_kw = {"suite": cfg.eval.suite, "image_size": cfg.eval.image_size,
-                  "cameras": tuple(cfg.model.camera_names), "max_steps": cfg.eval.max_steps,
-                  "render_quality": cfg.eval.render_quality}  # fmt: skip
-        self.pool = make_pool(env_kw, self.rl.env_workers, self.rl.ray_address)
+        self.pool = make_pool(rollout_env_kw(cfg), self.rl.env_workers, self.rl.ray_address)
         self.out.mkdir(parents=True, exist_ok=True)
         sweep(self.out)  # a checkpoint a crash left half-written
         save_yaml(cfg, self.out / "config.yaml")
