@@ -212,8 +212,9 @@ def cmd_train(args: argparse.Namespace) -> None:
         raise SystemExit(
             f"{out.name} in {OUT} is variant {res['runs'][out.name].get('variant')!r}: pass --out"
         )
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     summary = Trainer(cfg, data_path=args.data, run_dir=out).fit()
+    cpu_s = time.process_time() - c0  # every thread of this process (not the preload workers)
     res = load_results()
     # A new training replaces the record: evaluations of an earlier model under this name are void.
     res["runs"][out.name] = dict(
@@ -223,6 +224,12 @@ def cmd_train(args: argparse.Namespace) -> None:
         steps=steps,
         overrides=list(HEADS[args.head][1]) + list(args.set),
         train_wall_s=time.perf_counter() - t0,
+        train_cpu_hours=cpu_s / 3600,
+        # The machine each run trained on: machines differ (avx512_bf16 or AVX2 only), and the
+        # recipe's bf16 autocast is overridden to fp32 where bf16 matmuls are slow.
+        precision=cfg.train.precision,
+        cpu_flags=cpu_flags(),
+        date=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         train={k: v for k, v in summary.items() if k != "losses"},
     )
     save_results(res)
