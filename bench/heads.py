@@ -38,6 +38,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.common import RESULTS, environment, percentile
+from vlastack.labs._core import cpu_flags
 
 OUT = RESULTS / "heads.json"
 DATA = "runs/demo_data"  # `vla data generate --episodes 2000 --noise 0.1 --seed 0 --video-quality lossless`
@@ -72,18 +73,6 @@ LOAD_NOTE = (
     "1-2 other jobs (budgets are step counts, so success does not depend on load); latency_ms_p50 "
     "(per run and for every recipe) measured on the idle machine; the timing table on a loaded one"
 )
-
-
-def cpu_flags() -> list[str]:
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return []
-    flags = next(
-        (line.split(":", 1)[1].split() for line in text.splitlines() if line.startswith("flags")), []
-    )
-    keep = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx_bf16", "amx_tile", "fma")
-    return sorted(f for f in flags if f in keep)
 
 
 def load_results() -> dict:
@@ -505,7 +494,7 @@ def table(res: dict) -> str:
 
 def _pooled(rates: list[float], episodes: list[int]) -> str:
     """The Wilson 95% interval of the episodes pooled over seeds (successes rounded from rates)."""
-    from vlastack.sim.evaluate import wilson
+    from vlastack.stats import wilson
 
     k = sum(round(r * n) for r, n in zip(rates, episodes, strict=True))
     lo, hi = wilson(k, sum(episodes))
