@@ -157,7 +157,9 @@ def check_structural(argv: list[str], rule: Rule) -> None:
     else:  # lint + tests, and what CI runs
         for part in ("ruff check", "ruff format --check", "pytest"):
             assert part in steps, f"`make test` does not run {part}:\n{steps}"
-        assert "make test" in (ROOT / ".ci/run").read_text()
+        ci = (ROOT / ".ci/run").read_text()
+        # CI runs the default suite and the end-to-end tier it leaves out (marker `integration`).
+        assert "make test\n" in ci and "make test-integration" in ci
 
 
 def test_every_readme_command_is_covered(monkeypatch):
@@ -224,6 +226,7 @@ class Server:
         return self.proc.returncode
 
 
+@pytest.mark.integration
 def test_readme_commands_run(tmp_path, monkeypatch):
     """Every README command and snippet, in order, in a fresh folder (~30-60 s on 2 cores)."""
     monkeypatch.chdir(tmp_path)

@@ -84,6 +84,7 @@ def test_derived_knobs_shrink_the_right_categories():
     assert fsdp["categories"]["activations"] == sim["categories"]["activations"]
 
 
+@pytest.mark.integration
 def test_config_that_does_not_fit_gets_the_cheapest_fix():
     cfg = micro_cfg("train.batch_size=16", "model.vision.image_size=64")  # activations dominate
     base = simulate(cfg, 16)["peak_bytes"]
@@ -112,6 +113,7 @@ def test_micro_batch_fix_keeps_the_effective_batch(monkeypatch):
     assert "same effective batch (128 = 32 x 4)" in fix["change"]
 
 
+@pytest.mark.integration
 def test_vla_plan_cli(capsys, tmp_path):
     args = ["plan", *micro_cfg_args(), "--batch-sizes", "1,2", "--json", str(tmp_path / "p.json")]
     assert main([*args, "--memory", "1GiB"]) == 0

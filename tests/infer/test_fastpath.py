@@ -286,6 +286,7 @@ def eager_compile(monkeypatch):
     monkeypatch.setattr(torch, "compile", lambda fn, **kw: real_compile(fn, **{**kw, "backend": "eager"}))
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("variant,prefix", [("pi05", False), ("pi0", True)])
 def test_static_sampler_compiles_whole_without_graph_breaks(variant, prefix):
     """The unrolled sampler traces as one graph (fullgraph=True; the eager backend: no codegen),
@@ -305,6 +306,7 @@ def test_static_sampler_compiles_whole_without_graph_breaks(variant, prefix):
     torch._dynamo.reset()
 
 
+@pytest.mark.integration
 def test_compiled_samplers_for_many_batch_sizes_do_not_hit_the_recompile_limit(eager_compile):
     """Each batch size is one more compiled variant of the same step and prefill; with fullgraph
     dynamo refuses the one past its recompile limit (8 by default) with an error. A compiling
@@ -324,6 +326,7 @@ def test_compiled_samplers_for_many_batch_sizes_do_not_hit_the_recompile_limit(e
     torch._dynamo.reset()
 
 
+@pytest.mark.integration
 def test_compile_mode_reaches_torch_compile_and_capturing_modes_are_refused(monkeypatch):
     """``compile_mode`` goes to torch.compile for the prefill and the step, through FastFlow and
     Policy; modes that capture CUDA graphs themselves (inside our capture) get a ValueError."""
@@ -356,6 +359,7 @@ def test_compile_mode_reaches_torch_compile_and_capturing_modes_are_refused(monk
     torch._dynamo.reset()
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("variant", ["pi0", "pi05"])
 def test_layers_scope_compiles_one_graph_per_call_kind_at_any_depth(variant, eager_compile):
     """compile_scope="layers": the decoder layer and the SigLIP block are compiled once per kind
@@ -403,6 +407,7 @@ def test_layers_scope_compiles_one_graph_per_call_kind_at_any_depth(variant, eag
     torch._dynamo.reset()
 
 
+@pytest.mark.integration
 def test_policy_warmup_with_layers_scope_runs_every_sampler(eager_compile):
     """``vla serve --warmup --compile-scope layers``: every sampling method, the VJP-guided one
     too (autograd through the compiled layers), runs and answers as an uncompiled policy."""

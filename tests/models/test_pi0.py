@@ -145,6 +145,7 @@ def test_denoise_step_has_no_graph_breaks(model, cfg):
     assert explain.graph_count == 1
 
 
+@pytest.mark.integration
 def test_full_sampler_has_no_graph_breaks(cfg):
     import torch._dynamo as dynamo
 
@@ -220,6 +221,7 @@ def test_overfits_one_batch(cfg):
     assert losses[-1] < 0.1 * losses[0], (losses[0], losses[-1])
 
 
+@pytest.mark.integration
 def test_compiled_decoding_equals_eager(cfg):
     """``FlowHead.compile_decoding`` (prefix pass and denoise step compiled apart, as `bench/latency.py
     --modes step` and the CUDA-graph sampler use it) gives the eager actions, on a second batch too."""

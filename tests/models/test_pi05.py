@@ -100,6 +100,7 @@ def test_tiny_pi05_trains_on_a_fixed_batch(cfg):
     assert all(p.grad is not None for n, p in m.named_parameters() if "dense" in n)  # the norms learn
 
 
+@pytest.mark.integration
 def test_compiled_decoding_equals_eager(cfg):
     torch.manual_seed(0)
     m = build_model(cfg).eval()

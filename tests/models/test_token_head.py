@@ -213,6 +213,7 @@ def test_fast_end_to_end_fit_train_sample_save_load(tmp_path):
     )
 
 
+@pytest.mark.integration
 def test_parallel_decoding_overfits_with_l1_head():
     m, b = make(micro(decoding="parallel", regression_head=True, state_input="discrete"))
     hist = train(m, b, 200, 5e-3)

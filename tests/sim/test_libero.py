@@ -95,6 +95,7 @@ def _fixture():
     return meta, np.load(FIXTURE / "fixture.npz")
 
 
+@pytest.mark.integration
 @needs_libero
 def test_libero_observations_are_lerobots():
     """CI's tiny case: build one task, restore an initial state, step; LeRobot's exact observation."""
@@ -143,6 +144,7 @@ def test_libero_observations_are_lerobots_on_every_suite():
             env.close()
 
 
+@pytest.mark.integration
 @needs_libero
 def test_policy_driven_libero_evaluation(tmp_path):
     """A vlastack checkpoint with LeRobot's LIBERO cameras and dims through ``vla eval``'s evaluator,
@@ -185,6 +187,7 @@ def test_policy_driven_libero_evaluation(tmp_path):
         evaluate("random", cameras=("cam_high",), **kw)
 
 
+@pytest.mark.integration
 @needs_libero
 def test_vla_eval_cli_runs_a_libero_suite(tmp_path, capsys):
     """`vla eval --suite libero_*` end to end: the documented command, with --camera-map parsed and
@@ -210,6 +213,7 @@ def test_vla_eval_cli_runs_a_libero_suite(tmp_path, capsys):
     assert "--camera-map items are CAMERA=agentview|wrist|none" in capsys.readouterr().err
 
 
+@pytest.mark.integration
 @needs_libero
 def test_a_lerobot_pi05_libero_folder_runs_with_one_command(tmp_path):
     """A LeRobot pi05 folder shaped like ``lerobot/pi05_libero`` (cameras image/image2, 8-d state,
@@ -248,6 +252,7 @@ def test_a_lerobot_pi05_libero_folder_runs_with_one_command(tmp_path):
     assert res["episodes"][0]["steps"] == 4
 
 
+@pytest.mark.integration
 @needs_libero
 def test_lerobot_batch_size_sets_the_reset_count_of_episode_js_sub_env():
     """``lerobot_batch_size`` N: episode j runs on lerobot-eval's sub-env j % N as its (j // N)-th
@@ -364,6 +369,7 @@ def test_scripted_expert_makes_a_libero_object_dataset_vlastack_reads(tmp_path):
         env.close()
 
 
+@pytest.mark.integration
 @needs_libero
 def test_a_long_scripted_libero_episode_replays_step_for_step_as_in_lerobot():
     """178 actions of the scripted expert (libero_object task 6, initial state 17), replayed in

@@ -20,9 +20,12 @@ import pytest
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "metaworld_lerobot" / "lerobot_view.json"
 IMAGE_MEAN_TOL = 0.01  # [0, 1] units
-pytestmark = pytest.mark.skipif(
-    importlib.util.find_spec("metaworld") is None, reason="metaworld not installed (optional extra)"
-)
+pytestmark = [
+    pytest.mark.skipif(
+        importlib.util.find_spec("metaworld") is None, reason="metaworld not installed (optional extra)"
+    ),
+    pytest.mark.integration,  # the module's dataset fixture renders Meta-World episodes (23-35 s)
+]
 
 
 @pytest.fixture(scope="module")

@@ -50,6 +50,7 @@ def test_missing_metaworld_gives_install_hint(monkeypatch):
         make_env("reach-v3", suite="metaworld")
 
 
+@pytest.mark.integration
 @needs_mw
 def test_metaworld_env_follows_lerobot():
     import mujoco
@@ -78,6 +79,7 @@ def test_metaworld_env_follows_lerobot():
         make_env("reach-v3", suite="metaworld", image_size=32, render_quality="best")
 
 
+@pytest.mark.integration
 @needs_mw
 def test_metaworld_generate_train_eval_like_lerobot(tmp_path, capsys):
     """Generate 2 tasks x 2 episodes in LeRobot's layout, train the MT10 recipe a few steps, then
@@ -186,6 +188,7 @@ def test_points_uv_lands_on_the_rendered_goal():
         points_uv(np.zeros(7))
 
 
+@pytest.mark.integration
 @needs_mw
 def test_blind_expert_pass_plays_the_rendered_episode():
     """`vla data generate` plays Meta-World's expert blind first and renders only successes: the

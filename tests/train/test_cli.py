@@ -64,6 +64,7 @@ def test_vla_train_refuses_mismatched_dataset(sim_data, tmp_path, capsys):
     assert "action has 4 dims, model.action_dim is 2" in capsys.readouterr().err
 
 
+@pytest.mark.integration
 def test_vla_train_under_torchrun_ddp(sim_data, tmp_path):
     """`torchrun --nproc_per_node 2 vla train train.parallel=ddp` on CPU/gloo: both ranks exit 0,
     only rank 0 prints and writes the run folder, and the exported policy loads."""

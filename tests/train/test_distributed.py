@@ -59,6 +59,7 @@ def _compare(ref: dict, got: dict, init: dict) -> None:
     assert max((ref[k] - v).abs().max().item() for k, v in init.items()) > 1e-4  # weights moved
 
 
+@pytest.mark.integration
 def test_ddp_and_fsdp2_match_single_process(tmp_path):
     from dist_worker import run, tiny_cfg
 
