@@ -66,6 +66,7 @@ def test_export_matches_policy_infer(policy, tmp_path):
     np.testing.assert_allclose(got, want, atol=1e-4)
 
 
+@pytest.mark.integration
 def test_export_onnx(policy, tmp_path):
     export_policy(policy, "onnx", tmp_path)
     _check_sidecar(tmp_path, "onnx")

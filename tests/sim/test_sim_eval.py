@@ -254,6 +254,7 @@ def test_lockstep_equals_one_at_a_time(tmp_path):
     assert res["overall"]["n"] == 2
 
 
+@pytest.mark.integration
 def test_lockstep_workers_real_policy(tmp_path):
     """A real tiny checkpoint through worker processes, side by side: every episode, in order."""
     from vlastack.config import load_config

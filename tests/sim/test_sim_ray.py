@@ -34,6 +34,7 @@ def cluster():
         c.shutdown()
 
 
+@pytest.mark.integration
 def test_two_node_ray_evaluation_equals_local(cluster, tmp_path):
     c, _ = cluster
     local = evaluate("expert", num_workers=0, **KW)
@@ -74,6 +75,7 @@ def test_a_node_killed_mid_run_loses_no_episode(cluster, tmp_path):
     _same(evaluate("expert", num_workers=0, **{**KW, "episodes": 12}), res)
 
 
+@pytest.mark.integration
 def test_ray_generation_writes_the_same_dataset(cluster, tmp_path, monkeypatch):
     """`vla data generate --ray-address`: the same data files (states, actions, rewards, success,
     metadata) byte for byte as local workers, and the same frames up to rendering noise (with fresh
