@@ -326,6 +326,7 @@ def cmd_eval(args: argparse.Namespace) -> None:
             Checkpoint(spec, decoding) if decoding else spec, suite="builtin", episodes=args.episodes, seed=1_000_000, num_workers=2,
             steps_per_chunk=args.steps_per_chunk, temporal_ensemble=args.temporal_ensemble,
             image_size=cfg.eval.image_size, cameras=cfg.model.camera_names, videos=0, out_dir=run / "eval",
+            batch_episodes=args.batch_episodes,
         )  # fmt: skip
         # one chunk per steps_per_chunk steps (1: re-planning every step)
         chunks = sum(-(-ep["steps"] // args.steps_per_chunk) for ep in e["episodes"])
@@ -334,6 +335,7 @@ def cmd_eval(args: argparse.Namespace) -> None:
             "decoding": dict(decoding),
             "steps_per_chunk": args.steps_per_chunk,
             "temporal_ensemble": args.temporal_ensemble,
+            "batch_episodes": e["config"]["batch_episodes"],
             "seed": 1_000_000,
             "mean_task_success": e["mean_task_success"],
             "tasks": {t: v["success_rate"] for t, v in e["tasks"].items()},
@@ -586,6 +588,10 @@ def main(argv: list[str] | None = None) -> None:
         "--steps-per-chunk", type=int, default=1, help="actions executed per chunk (1: re-plan every step)"
     )
     t.add_argument("--temporal-ensemble", type=float, default=0.0, help="ACT's exponential weight (0: off)")
+    t.add_argument(
+        "--batch-episodes", type=int, default=1,
+        help="episodes side by side per worker, one batched decode per step (eval.batch_episodes)",
+    )  # fmt: skip
     t.add_argument("--checkpoint", default="final", help="final | step_N")
     t.add_argument("--heldout", default=HELDOUT)
     t.set_defaults(func=cmd_eval)

@@ -220,3 +220,120 @@ def test_eval_decode_options_reach_the_workers(fast_model, tmp_path, capsys):
     assert p.cfg.head_options.exact_length is False and policy_name(spec) == str(tmp_path / "p")
     assert main(["eval", "--policy", str(tmp_path / "p"), "--decode", "beam=4", "--episodes", "1"]) != 0
     assert "--decode takes KEY=VALUE" in capsys.readouterr().err
+
+
+def _scripted(p: Policy, script: list[bool]) -> None:
+    """``p.model.sample`` answers the rows of each call from ``script`` (True: a valid chunk, whose
+    values count the calls so far; False: invalid zeros)."""
+    from vlastack.models.heads import ActionOutput
+
+    rows, calls = iter(script), iter(range(1, 1000))
+
+    def sample(batch, noise=None, **kw):
+        n, k = batch["state"].shape[0], next(calls)
+        ok = torch.tensor([next(rows) for _ in range(n)])
+        chunk = torch.full((n, 4, 4), 0.1 * k) * ok[:, None, None]
+        return ActionOutput(chunk, ok)
+
+    p.model.sample = sample
+
+
+def test_repeat_last_keeps_one_chunk_per_stream(fast_model, tmp_path):
+    """Episodes side by side (``infer_batch(streams=...)``) and a server's clients: an invalid
+    chunk is replaced by the last valid chunk of its own stream, never another's; stream None
+    (an HTTP request) keeps nothing; ``reset(stream)`` forgets one stream, ``reset()`` all."""
+    m, _ = fast_model
+    m.save_pretrained(tmp_path / "p")
+    obs = {"images": {"scene": np.zeros((16, 16, 3), np.uint8)}, "state": np.zeros(3, np.float32),
+           "prompt": "go"}  # fmt: skip
+    p = Policy.from_pretrained(tmp_path / "p", decoding={"invalid_decode": "repeat_last"})
+    assert p.batchable
+    _scripted(p, [True, False, True, False, False, False, True, False, False, False])
+    a1, b1 = p.infer_batch([obs, obs], streams=["a", "b"])  # call 1: a valid, b invalid
+    assert a1["valid"] and not b1["valid"] and not b1["repeated"] and not b1["actions"].any()
+    b2, a2 = p.infer_batch([obs, obs], streams=["b", "a"])  # call 2: b valid, a invalid
+    assert b2["valid"] and a2["repeated"]
+    np.testing.assert_array_equal(a2["actions"], a1["actions"])  # a's own chunk, not b's newer one
+    assert not np.array_equal(a2["actions"], b2["actions"])
+    p.reset("a")
+    a3, b3 = p.infer_batch([obs, obs], streams=["a", "b"])  # call 3: both invalid
+    assert not a3["repeated"] and not a3["actions"].any()
+    assert b3["repeated"] and np.array_equal(b3["actions"], b2["actions"])
+    # stream None: the valid chunk is not kept, so the invalid one after it stays zeros
+    n1, n2 = p.infer_batch([obs, obs], streams=[None, None])
+    assert n1["valid"] and not n2["valid"] and not n2["repeated"] and not n2["actions"].any()
+    p.reset()
+    (b4,) = p.infer_batch([obs], streams=["b"])
+    assert not b4["repeated"] and not b4["actions"].any()
+    with pytest.raises(ValueError, match="2 observations but 1 streams"):
+        p.infer_batch([obs, obs], streams=["a"])
+
+
+def test_server_repeat_last_stays_within_a_connection(fast_model, tmp_path):
+    """Two websocket clients of one served token policy: one client's invalid chunk is never
+    replaced by the other's; a client's own last chunk is; a closed connection's is forgotten."""
+    from openpi_client.websocket_client_policy import WebsocketClientPolicy
+
+    from vlastack.infer.server import PolicyServer, ServerThread
+
+    m, _ = fast_model
+    m.save_pretrained(tmp_path / "p")
+    obs = {"images": {"scene": np.zeros((16, 16, 3), np.uint8)}, "state": np.zeros(3, np.float32),
+           "prompt": "go"}  # fmt: skip
+    p = Policy.from_pretrained(tmp_path / "p", decoding={"invalid_decode": "repeat_last"})
+    _scripted(p, [True, False, False])
+    with ServerThread(PolicyServer(p, port=0, max_batch=1)) as srv:
+        a = WebsocketClientPolicy("127.0.0.1", srv.port)
+        b = WebsocketClientPolicy("127.0.0.1", srv.port)
+        a1 = a.infer(obs)
+        b1 = b.infer(obs)  # invalid, and b has no chunk of its own
+        a2 = a.infer(obs)  # invalid: a's own chunk comes back
+    assert a1["valid"] and not b1["valid"] and not b1["repeated"] and not np.asarray(b1["actions"]).any()
+    assert a2["repeated"] and np.array_equal(a2["actions"], a1["actions"])
+    assert p.serving._last_valid == {}  # every connection closed: nothing kept
+
+
+@pytest.fixture(scope="module")
+def bins_suite_ckpt(tmp_path_factory):
+    """A bins token checkpoint with the built-in suite's state and actions, trained a little so
+    its greedy ids are far from ties."""
+    cfg = replace(micro(tokenizer="bins"), state_dim=5)
+    m, b = make(cfg)
+    train(m, b, 15, 1e-2)
+    path = tmp_path_factory.mktemp("bins") / "p"
+    m.eval().save_pretrained(path)
+    return path, cfg
+
+
+def test_token_batch_decodes_as_one_at_a_time(bins_suite_ckpt):
+    """A token policy is batchable: greedy chunks of observations with different prompts and
+    images decoded in one batch equal each decoded alone."""
+    path, cfg = bins_suite_ckpt
+    p = Policy.from_pretrained(path)
+    assert p.batchable
+    rng = np.random.default_rng(0)
+    obs = [
+        {
+            "images": {c: rng.integers(0, 256, (16, 16, 3), dtype=np.uint8) for c in cfg.camera_names},
+            "state": rng.standard_normal(5).astype(np.float32),
+            "prompt": prompt,
+        }
+        for prompt in ("go", "pick up the red cube", "push it left")
+    ]
+    batched = p.infer_batch(obs, streams=[0, 1, 2])
+    for o, got in zip(obs, batched, strict=True):
+        np.testing.assert_array_equal(got["actions"], p.infer(o)["actions"])
+
+
+@pytest.mark.integration
+def test_token_episodes_side_by_side(bins_suite_ckpt, tmp_path):
+    """The evaluator runs a token checkpoint's episodes side by side (``batch_episodes``, one
+    batched decode per step) with the results of one at a time."""
+    from vlastack.sim.evaluate import evaluate
+
+    path, cfg = bins_suite_ckpt
+    kw = dict(episodes=3, num_workers=0, max_steps=5, steps_per_chunk=1, videos=0, cameras=cfg.camera_names)
+    one = evaluate(str(path), out_dir=tmp_path / "a", **kw)
+    side = evaluate(str(path), out_dir=tmp_path / "b", batch_episodes=3, **kw)
+    assert side["config"]["batch_episodes"] == 3 and one["config"]["batch_episodes"] == 1
+    assert one["episodes"] == side["episodes"]

@@ -219,7 +219,8 @@ class GainPolicy:
         self.batches.append(1)
         return self._chunk(obs)
 
-    def infer_batch(self, obs_list):
+    def infer_batch(self, obs_list, streams):
+        assert len(streams) == len(set(streams)) == len(obs_list)  # one stream per episode
         self.batches.append(len(obs_list))
         return [self._chunk(o) for o in obs_list]
 

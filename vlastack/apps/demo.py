@@ -242,8 +242,8 @@ class AblatedPolicy:
     def infer(self, obs: dict) -> dict[str, np.ndarray]:
         return self.inner.infer(self._alter(obs))
 
-    def infer_batch(self, obs_list: list[dict]) -> list[dict[str, np.ndarray]]:
-        return self.inner.infer_batch([self._alter(o) for o in obs_list])
+    def infer_batch(self, obs_list: list[dict], streams: list | None = None) -> list[dict[str, np.ndarray]]:
+        return self.inner.infer_batch([self._alter(o) for o in obs_list], streams)
 
 
 def ablated(path: str, mode: str) -> AblatedPolicy:

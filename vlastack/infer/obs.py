@@ -12,6 +12,7 @@ reason back to the client. Limits are checked before anything is allocated.
 
 from __future__ import annotations
 
+from collections.abc import Hashable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -82,6 +83,11 @@ class Obs:
     action_prefix: np.ndarray | None = None
     inference_delay: int | None = None
     rtc_method: str = "rtc_inference"
+    # Whose query this is, for state a head keeps between queries (a token head's last valid chunk
+    # under ``invalid_decode=repeat_last``): one episode or client, never read from the wire. 0: the
+    # policy's own single caller; None: a query with no history (one HTTP request). Set by
+    # ``Policy.infer_batch(streams=...)`` (episodes side by side) and the server (a connection).
+    stream: Hashable | None = 0
 
 
 IMAGE_TYPES = "uint8 (0..255) or float32 in [0, 1]"

@@ -15,9 +15,11 @@ action dims; absent = identity with the model's dims), optional ``ema/`` (same f
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import threading
 import time
+from collections.abc import Hashable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -258,7 +260,7 @@ class Policy:
             # Token heads flag chunks whose tokens do not decode (e.g. a truncated FAST sequence).
             valid = None if valid is None else valid.cpu().numpy().astype(bool)
             actions = self.to_env_actions(out)
-            repeated = self.serving.after_sample(actions, valid)
+            repeated = self.serving.after_sample(actions, valid, [o.stream for o in obs_list])
         return actions, valid, repeated
 
     def to_env_actions(self, out: torch.Tensor) -> np.ndarray:
@@ -344,18 +346,31 @@ class Policy:
             self.generator.set_state(state)
         return out
 
-    def infer_batch(self, obs_list: list[dict]) -> list[dict[str, np.ndarray]]:
-        """Several observations in one forward pass (micro-batching) -> one result dict each."""
+    def infer_batch(
+        self, obs_list: list[dict], streams: Sequence[Hashable | None] | None = None
+    ) -> list[dict[str, np.ndarray]]:
+        """Several observations in one forward pass (micro-batching) -> one result dict each.
+        ``streams``: whose each observation is (an episode's or client's key, ``Obs.stream``), for
+        what a head keeps between queries (a token head's last valid chunk); None: all the
+        policy's own single caller's."""
         if not obs_list:
             return []
-        return self.infer_results([self.check(o) for o in obs_list])
+        checked = [self.check(o) for o in obs_list]
+        if streams is not None:
+            if len(streams) != len(obs_list):
+                raise ValueError(f"infer_batch: {len(obs_list)} observations but {len(streams)} streams")
+            checked = [dataclasses.replace(o, stream=k) for o, k in zip(checked, streams, strict=True)]
+        return self.infer_results(checked)
 
     # ------------------------------------------------------------------ closed loop
 
-    def reset(self) -> None:
-        """Forget queued actions and the last valid chunk (call at the start of each episode)."""
-        self.chunker.reset()
-        self.serving.reset()
+    def reset(self, stream: Hashable | None = None) -> None:
+        """Forget queued actions and the last valid chunk (call at the start of each episode);
+        ``stream``: only what was kept for that episode or client (``Obs.stream``)."""
+        if stream is None:
+            self.chunker.reset()
+        with self.lock:  # a server thread may be inside after_sample
+            self.serving.reset(stream)
 
     def select_action(self, obs: dict) -> np.ndarray:
         """One env step -> float32 [A_env]. Re-plans every ``replan_steps`` steps; with

@@ -31,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import dataclasses
 import errno
 import hmac
 import json
@@ -40,6 +41,7 @@ import struct
 import sys
 import threading
 import time
+from collections.abc import Hashable
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -343,15 +345,18 @@ class PolicyServer:
 
     # ------------------------------------------------------------------ shared request path
 
-    def _act(self, obs: Any) -> concurrent.futures.Future:
+    def _act(self, obs: Any, stream: Hashable | None) -> concurrent.futures.Future:
+        """``stream``: whose query this is (``Obs.stream``): a websocket connection is one client's
+        episode, whose state (a token head's last valid chunk) no other client may receive; an
+        HTTP request (None) stands alone."""
         if self.draining:
             raise Unavailable("server is shutting down")
-        return self.batcher.submit(self.policy.check(obs))
+        return self.batcher.submit(dataclasses.replace(self.policy.check(obs), stream=stream))
 
-    def _ws_act(self, msg: bytes) -> concurrent.futures.Future:
+    def _ws_act(self, msg: bytes, stream: Hashable) -> concurrent.futures.Future:
         if self.draining:  # answered at once, without decoding a large upload first
             raise Unavailable("server is shutting down")
-        return self._act(unpackb(msg, self.max_bytes))
+        return self._act(unpackb(msg, self.max_bytes), stream)
 
     @staticmethod
     def _reply(result: dict, timing: dict, t0: float) -> dict:
@@ -389,6 +394,7 @@ class PolicyServer:
             pass
         finally:
             self.metrics.add("connections", -1)
+            self.policy.reset(("ws", ws.id))  # what was kept for this client goes with it
             if ws.protocol.close_rcvd_then_sent is False:  # the server closed first: none may be left
                 self.unanswered += max(ws.received - ws.answered, 0)
 
@@ -425,10 +431,12 @@ class PolicyServer:
             if isinstance(msg, str):
                 raise WireError("expected a binary msgpack message, got text")
             if len(msg) <= INLINE_DECODE_BYTES:
-                fut = self._ws_act(msg)
+                fut = self._ws_act(msg, ("ws", ws.id))
             else:
                 fut = await self._before_deadline(
-                    asyncio.get_running_loop().run_in_executor(self._decoder, self._ws_act, msg)
+                    asyncio.get_running_loop().run_in_executor(
+                        self._decoder, self._ws_act, msg, ("ws", ws.id)
+                    )
                 )
             result, timing = await self._before_deadline(asyncio.wrap_future(fut))
             await ws.send(packb(self._reply(result, timing, t0)))
@@ -634,7 +642,7 @@ def _make_http_handler(srv: PolicyServer) -> type[BaseHTTPRequestHandler]:
                 return self._error(503, "server is shutting down", "unavailable")
             srv.metrics.add("in_flight", 1)
             try:
-                fut = srv._act(obs_from_json(body, srv.max_bytes))
+                fut = srv._act(obs_from_json(body, srv.max_bytes), None)
                 result, timing = srv._http_result(fut)
             except (WireError, ObsError) as e:
                 return self._error(400, str(e), "bad_request")

@@ -79,9 +79,9 @@ def run_episode(
 
 
 def batchable(policy: Any) -> bool:
-    """Whether ``run_lockstep`` may batch this policy's queries: it has ``infer_batch`` and says so
-    (a vlastack flow ``Policy``: no state carried across queries; token heads keep the last valid
-    chunk, the expert reads its own env)."""
+    """Whether ``run_lockstep`` may batch this policy's queries: it has ``infer_batch(obs_list,
+    streams)`` and says so (a vlastack ``Policy``: what a head keeps across queries, a token head's
+    last valid chunk, is kept per stream, here per episode; the expert reads its own env)."""
     return bool(getattr(policy, "batchable", False)) and hasattr(policy, "infer_batch")
 
 
@@ -115,7 +115,12 @@ def run_lockstep(
     while active := [r for r in runs if r["out"] is None]:
         asking = [r for r in active if r["chunker"].needs_chunk()]
         if len(runs) > 1:
-            replies = policy.infer_batch([r["obs"] for r in asking]) if asking else []
+            # each episode is its own stream: a token head repeats only that episode's chunks
+            replies = (
+                policy.infer_batch([r["obs"] for r in asking], [r["episode"] for r in asking])
+                if asking
+                else []
+            )
         else:
             replies = [policy.infer(r["obs"]) for r in asking]
         for r, reply in zip(asking, replies, strict=True):

@@ -10,6 +10,7 @@ is accepted at its default (so one command line serves every head) and refused o
 
 from __future__ import annotations
 
+from collections.abc import Hashable, Sequence
 from typing import Any, ClassVar
 
 import numpy as np
@@ -68,17 +69,22 @@ class HeadServing:
             out = p.model.sample(batch, noise=noise, generator=p.generator)
         return out.actions, out.valid
 
-    def after_sample(self, actions: np.ndarray, valid: np.ndarray | None) -> np.ndarray | None:
-        """Env-unit actions [B, H, A_env] (may be changed in place) and their validity -> which
-        rows were replaced (bool [B]) or None. Under the lock."""
+    def after_sample(
+        self, actions: np.ndarray, valid: np.ndarray | None, streams: Sequence[Hashable | None]
+    ) -> np.ndarray | None:
+        """Env-unit actions [B, H, A_env] (may be changed in place), their validity and each row's
+        stream (``Obs.stream``: its episode or client) -> which rows were replaced (bool [B]) or
+        None. Under the lock."""
         return None
 
-    def reset(self) -> None:
-        """A new episode starts (``Policy.reset``)."""
+    def reset(self, stream: Hashable | None = None) -> None:
+        """A new episode starts (``Policy.reset``): forget what was kept for ``stream``, or for every
+        stream (None)."""
 
     @property
     def batchable(self) -> bool:
-        """Queries of different episodes may share one batch (nothing is carried between calls)."""
+        """Queries of different episodes may share one batch: nothing is carried between calls, or
+        what is is kept per stream (``Obs.stream``)."""
         return True
 
     @property

@@ -4,11 +4,14 @@
   ``DECODING_KEYS`` of ``model.head_options``, checked like any config key;
 - sampling from the policy's seeded generator (temperature > 0);
 - chunks whose tokens do not decode (``valid`` False): counted in ``decode_stats``, and with
-  ``model.head_options.invalid_decode=repeat_last`` replaced by the last valid chunk.
+  ``model.head_options.invalid_decode=repeat_last`` replaced by the last valid chunk of the same
+  stream (``Obs.stream``: one episode or client), so episodes side by side and a server's clients
+  never receive each other's chunks.
 """
 
 from __future__ import annotations
 
+from collections.abc import Hashable, Sequence
 from typing import Any, ClassVar
 
 import numpy as np
@@ -59,7 +62,8 @@ class TokenServing(HeadServing):
         super().__init__(policy, compile=compile, **options)
         self.invalid_decode = policy.model.cfg.head_options.invalid_decode
         self.stats = {"chunks": 0, "invalid": 0, "repeated": 0}
-        self._last_valid: np.ndarray | None = None  # the latest valid chunk [H, A_env] (repeat_last)
+        # The latest valid chunk [H, A_env] of each stream (repeat_last); stream None keeps none.
+        self._last_valid: dict[Hashable, np.ndarray] = {}
 
     def check_rl(self) -> None:
         decoding = self.policy.model.cfg.head_options.decoding
@@ -79,29 +83,34 @@ class TokenServing(HeadServing):
     ) -> tuple[Tensor, Tensor]:
         return token_logprobs(model, batch, sampled, rl.temperature)
 
-    def after_sample(self, actions: np.ndarray, valid: np.ndarray | None) -> np.ndarray | None:
-        """Count invalid chunks; with ``repeat_last`` overwrite each with the latest valid chunk
-        (in place; none yet: it stays zero). -> repeated bool [B]. Under the lock."""
+    def after_sample(
+        self, actions: np.ndarray, valid: np.ndarray | None, streams: Sequence[Hashable | None]
+    ) -> np.ndarray | None:
+        """Count invalid chunks; with ``repeat_last`` overwrite each with the latest valid chunk of
+        its own stream (in place; none yet, or stream None: it stays zero). -> repeated bool [B].
+        Under the lock."""
         if valid is None:
             return None
+        assert len(streams) == len(valid), (len(streams), len(valid))
         repeated = np.zeros(len(valid), dtype=bool)
-        for i, ok in enumerate(valid):
+        for i, (ok, key) in enumerate(zip(valid, streams, strict=True)):
+            if key is None:
+                continue  # a query with no history: nothing to keep or repeat
             if ok:
-                self._last_valid = actions[i].copy()
-            elif self.invalid_decode == "repeat_last" and self._last_valid is not None:
-                actions[i], repeated[i] = self._last_valid, True
+                self._last_valid[key] = actions[i].copy()
+            elif self.invalid_decode == "repeat_last" and key in self._last_valid:
+                actions[i], repeated[i] = self._last_valid[key], True
         s = self.stats
         s["chunks"] += len(valid)
         s["invalid"] += int((~valid).sum())
         s["repeated"] += int(repeated.sum())
         return repeated
 
-    def reset(self) -> None:
-        self._last_valid = None
-
-    @property
-    def batchable(self) -> bool:
-        return False  # the last valid chunk (repeat_last) belongs to one episode
+    def reset(self, stream: Hashable | None = None) -> None:
+        if stream is None:
+            self._last_valid.clear()
+        else:
+            self._last_valid.pop(stream, None)
 
     @property
     def decode_stats(self) -> dict[str, int]:
