@@ -369,8 +369,9 @@ class Policy:
         ``stream``: only what was kept for that episode or client (``Obs.stream``)."""
         if stream is None:
             self.chunker.reset()
-        with self.lock:  # a server thread may be inside after_sample
-            self.serving.reset(stream)
+        # Without the lock (the serving's reset is safe without it): a server calls this on its
+        # event loop, which must never wait for a forward pass.
+        self.serving.reset(stream)
 
     def select_action(self, obs: dict) -> np.ndarray:
         """One env step -> float32 [A_env]. Re-plans every ``replan_steps`` steps; with

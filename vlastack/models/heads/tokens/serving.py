@@ -93,13 +93,15 @@ class TokenServing(HeadServing):
             return None
         assert len(streams) == len(valid), (len(streams), len(valid))
         repeated = np.zeros(len(valid), dtype=bool)
+        keep = self.invalid_decode == "repeat_last"
         for i, (ok, key) in enumerate(zip(valid, streams, strict=True)):
-            if key is None:
-                continue  # a query with no history: nothing to keep or repeat
+            if key is None or not keep:
+                continue  # a query with no history, or nothing is ever repeated
+            # one dict operation each: a server's reset(stream) may run on another thread
             if ok:
                 self._last_valid[key] = actions[i].copy()
-            elif self.invalid_decode == "repeat_last" and key in self._last_valid:
-                actions[i], repeated[i] = self._last_valid[key], True
+            elif (last := self._last_valid.get(key)) is not None:
+                actions[i], repeated[i] = last, True
         s = self.stats
         s["chunks"] += len(valid)
         s["invalid"] += int((~valid).sum())
@@ -107,6 +109,8 @@ class TokenServing(HeadServing):
         return repeated
 
     def reset(self, stream: Hashable | None = None) -> None:
+        # dict.clear / dict.pop are atomic under the GIL: no lock, so a server's event loop never
+        # waits for a forward pass to forget a closed connection
         if stream is None:
             self._last_valid.clear()
         else:
