@@ -109,11 +109,9 @@ class Policy:
         rep = self.cfg.action_representation
         return "unspecified" if rep == "auto" else rep
 
-    @property
-    def batchable(self) -> bool:
-        """Whether queries of different episodes may share one ``infer_batch`` call (evaluation's
-        ``batch_episodes``): the head says (a token head keeps its last valid chunk)."""
-        return self.serving.batchable
+    # Queries of different episodes may share one ``infer_batch`` call (evaluation's
+    # ``batch_episodes``): what a head keeps between queries is kept per stream (``Obs.stream``).
+    batchable = True
 
     @property
     def decode_stats(self) -> dict[str, int] | None:

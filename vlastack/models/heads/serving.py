@@ -82,12 +82,6 @@ class HeadServing:
         stream (None)."""
 
     @property
-    def batchable(self) -> bool:
-        """Queries of different episodes may share one batch: nothing is carried between calls, or
-        what is is kept per stream (``Obs.stream``)."""
-        return True
-
-    @property
     def decode_stats(self) -> dict[str, int] | None:
         """Counters of chunks that did not decode (token heads); None: the head has none."""
         return None

@@ -91,17 +91,16 @@ class TokenServing(HeadServing):
         Under the lock."""
         if valid is None:
             return None
-        assert len(streams) == len(valid), (len(streams), len(valid))
         repeated = np.zeros(len(valid), dtype=bool)
-        keep = self.invalid_decode == "repeat_last"
-        for i, (ok, key) in enumerate(zip(valid, streams, strict=True)):
-            if key is None or not keep:
-                continue  # a query with no history, or nothing is ever repeated
-            # one dict operation each: a server's reset(stream) may run on another thread
-            if ok:
-                self._last_valid[key] = actions[i].copy()
-            elif (last := self._last_valid.get(key)) is not None:
-                actions[i], repeated[i] = last, True
+        if self.invalid_decode == "repeat_last":
+            for i, (ok, key) in enumerate(zip(valid, streams, strict=True)):
+                # one dict operation each: a server's reset(stream) may run on another thread
+                if key is None:
+                    continue  # a query with no history
+                if ok:
+                    self._last_valid[key] = actions[i].copy()
+                elif (last := self._last_valid.get(key)) is not None:
+                    actions[i], repeated[i] = last, True
         s = self.stats
         s["chunks"] += len(valid)
         s["invalid"] += int((~valid).sum())
