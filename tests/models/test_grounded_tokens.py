@@ -1,5 +1,5 @@
 """The token head with the grounding add-on (models/heads/tokens/grounded.py), the token training
-options (bin_sigma, label_smoothing, l1_weight) and the demo_tokens recipe. Tiny, fp32, fixed seeds."""
+options (bin_sigma, label_smoothing, l1_weight, first_step_weight) and the demo_tokens recipe. Tiny, fp32, fixed seeds."""
 
 from __future__ import annotations
 
@@ -115,9 +115,38 @@ def test_l1_weight_and_smoothing_options():
     torch.testing.assert_close(out["loss"], out["ce"] + 0.25 * out["l1"])
     m2, b2 = make(micro(label_smoothing=0.1))
     assert float(m2(b2)["ce"]) > 0
-    for bad in ({"bin_sigma": -1.0}, {"label_smoothing": 1.0}, {"l1_weight": -0.5}):
-        with pytest.raises(ConfigError, match=next(iter(bad))):
+    for bad in (
+        {"bin_sigma": -1.0},
+        {"label_smoothing": 1.0},
+        {"l1_weight": -0.5},
+        {"first_step_weight": 0.0},
+        {"first_step_weight": 2.0, "tokenizer": "fast"},
+    ):
+        with pytest.raises(ConfigError, match=r"bin_sigma|label_smoothing|l1_weight|first_step_weight"):
             TokenHeadConfig(**bad)
+
+
+def test_first_step_weight():
+    """first_step_weight w: the chunk's first step (ids [:A], step-major) counts w times in the
+    token CE (and the L1), every later step once; w = 1 is the plain mean."""
+    m, b = make(micro(decoding="parallel", regression_head=True))
+    h = m.head
+    seen: list[torch.Tensor] = []
+    plain_ce = h.token_ce
+    h.token_ce = lambda logits, ids: seen.append(plain_ce(logits, ids)) or seen[-1]
+    base = m(b)
+    ce, (_, weight, _) = seen[-1], h.targets(b)
+    torch.testing.assert_close(base["ce"], (ce * weight).sum() / weight.sum())
+    a = h.tokenizer.action_dim
+    h.cfg = replace(h.cfg, head_options=replace(h.cfg.head_options, first_step_weight=5.0))
+    out = m(b)
+    step = torch.ones(ce.shape[1])
+    step[:a] = 5.0
+    torch.testing.assert_close(out["ce"], (ce * weight * step).sum() / (weight * step).sum())
+    torch.testing.assert_close(seen[-1], ce)  # the same logits: only the weighting moved
+    assert not torch.allclose(out["l1"], base["l1"])
+    # The accuracy stays the plain mean over tokens: a diagnostic, not a loss.
+    torch.testing.assert_close(out["token_accuracy"], base["token_accuracy"])
 
 
 def test_bin_sigma_on_fast_without_merges():

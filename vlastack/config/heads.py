@@ -108,10 +108,13 @@ class TokenHeadConfig:
     # prompt block, the model writes "Action: " + FAST ids + "|"); set by `vla import`.
     sequence: str = "vlastack"  # vlastack | pi0_fast
     # Training targets. bin_sigma (bins): a Gaussian over neighbouring bins (std in bins) instead
-    # of one-hot; label_smoothing: uniform smoothing; l1_weight: the L1 head's loss weight.
+    # of one-hot; label_smoothing: uniform smoothing; l1_weight: the L1 head's loss weight;
+    # first_step_weight (bins): the loss weight of the chunk's first step, the one a policy that
+    # re-plans every step executes, against 1 for every later step.
     bin_sigma: float = 0.0
     label_smoothing: float = 0.0
     l1_weight: float = 1.0
+    first_step_weight: float = 1.0
 
     def __post_init__(self) -> None:
         _check(
@@ -125,6 +128,12 @@ class TokenHeadConfig:
             0 <= self.label_smoothing < 1, "label_smoothing", f"must be in [0, 1), got {self.label_smoothing}"
         )
         _check(self.l1_weight >= 0, "l1_weight", f"must be >= 0, got {self.l1_weight}")
+        _check(self.first_step_weight > 0, "first_step_weight", f"must be > 0, got {self.first_step_weight}")
+        _check(
+            self.first_step_weight == 1.0 or self.tokenizer == "bins",
+            "first_step_weight",
+            "applies to bins only (a FAST token mixes every step of the chunk); leave it at 1.0",
+        )
         _check(
             self.tokenizer in ("bins", "fast"),
             "tokenizer",

@@ -434,13 +434,21 @@ class TokenHead(HeadBase):
         logits = self.logits(backbone, h)
         ce = self.token_ce(logits, ids)
         denom = weight.sum().clamp(min=1.0)
-        out = {"ce": (ce * weight).sum() / denom}
+        loss_weight, loss_denom = weight, denom
+        w0 = self.cfg.head_options.first_step_weight
+        if w0 != 1.0:  # bins, step-major: ids [:A] are the first step's dims
+            step = torch.ones(length, device=weight.device)
+            step[: self.tokenizer.action_dim] = w0
+            loss_weight = weight * step
+            loss_denom = loss_weight.sum().clamp(min=1e-6)
+        out = {"ce": (ce * loss_weight).sum() / loss_denom}
         with torch.no_grad():
             out["token_accuracy"] = ((logits.argmax(-1) == ids).float() * weight).sum() / denom
         out["loss"] = out["ce"]
         if self.regression is not None:
             pred = self.regression(h).squeeze(-1).float()
-            out["l1"] = ((pred - acts.reshape(b, -1)).abs() * weight).sum() / denom
+            l1 = (pred - acts.reshape(b, -1)).abs() * loss_weight
+            out["l1"] = l1.sum() / loss_denom
             out["loss"] = out["loss"] + self.cfg.head_options.l1_weight * out["l1"]
         return self.extra_losses(out, aux, batch)
 
