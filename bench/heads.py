@@ -470,7 +470,10 @@ def table(res: dict) -> str:
         res.get("runs", {}).items(), key=lambda kv: (list(HEADS).index(kv[1].get("head", "flow")), kv[0])
     ):
         cl = r.get("closed_loop")
-        lat = r.get("latency_ms_p50") or res.get("latency_ms_p50", {}).get("heads", {}).get(r.get("head"))
+        # A run without its own measurement shows its head's recipe-level figure, marked as such
+        # (a variant, e.g. bins-AR at H = 1, decodes a different number of tokens).
+        own = r.get("latency_ms_p50")
+        lat = own or res.get("latency_ms_p50", {}).get("heads", {}).get(r.get("head"))
         sps = timing.get(r.get("head"), {}).get("samples_per_s_interleaved")
         if r.get("stopped_at_step"):  # a run cut short: say how far it got
             r = {
@@ -480,9 +483,10 @@ def table(res: dict) -> str:
                 else r["steps"],
             }
         cells = [f"{cl['tasks'].get(t, 0):.0%}" for t in tasks] if cl else ["-"] * len(tasks)
+        head = f"{r.get('head')} ({r['variant']})" if r.get("variant") else r.get("head")
         lines.append(
-            f"| {r.get('head')} | {r.get('seed')} | {r.get('steps')} | {sps:.0f} | " if sps else
-            f"| {r.get('head')} | {r.get('seed')} | {r.get('steps')} | - | "
+            f"| {head} | {r.get('seed')} | {r.get('steps')} | {sps:.0f} | " if sps else
+            f"| {head} | {r.get('seed')} | {r.get('steps')} | - | "
         )  # fmt: skip
         lines[-1] += " | ".join(cells) + " | "
         lines[-1] += (
@@ -490,7 +494,8 @@ def table(res: dict) -> str:
             if cl
             else "- | - | "
         )
-        lines[-1] += f"{lat['eager']:.1f} / {lat['compiled']:.1f} |" if lat else "- |"
+        mark = "" if own else " (recipe)"
+        lines[-1] += f"{lat['eager']:.1f} / {lat['compiled']:.1f}{mark} |" if lat else "- |"
     return "\n".join(lines)
 
 

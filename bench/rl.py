@@ -58,9 +58,10 @@ def cmd_imitate(args: argparse.Namespace) -> None:
     raise SystemExit(rc)
 
 
-def _score(policy: Path, episodes: int, out: Path) -> dict:
+def _score(policy: Path, episodes: int, out: Path, batch_episodes: int | None = None) -> dict:
     """The greedy policy on the test seeds, as bench/heads.py scores heads (re-planning as its
-    config says); kept in ``out`` and reused."""
+    config says, ``batch_episodes`` episodes per worker side by side, by default its config's);
+    kept in ``out`` and reused."""
     from vlastack.config import load_yaml
     from vlastack.sim.evaluate import evaluate
 
@@ -72,7 +73,8 @@ def _score(policy: Path, episodes: int, out: Path) -> dict:
     cfg = load_yaml(policy / "config.yaml")
     return evaluate(str(policy), cfg.eval, suite="builtin", episodes=episodes, seed=TEST_SEED,
                     seed_scheme="spread", num_workers=2, temporal_ensemble=0.0, videos=0,
-                    cameras=cfg.model.camera_names, out_dir=out)  # fmt: skip
+                    cameras=cfg.model.camera_names, out_dir=out,
+                    batch_episodes=batch_episodes or cfg.eval.batch_episodes)  # fmt: skip
 
 
 def _ema(policy: Path) -> Path:
@@ -104,18 +106,22 @@ def paired(a: dict, b: dict) -> dict:
 def cmd_record(args: argparse.Namespace) -> None:
     from vlastack.config import load_yaml
 
-    rl_run, base_run, start = Path(args.rl), Path(args.baseline), Path(args.start)
+    rl_run, start = Path(args.rl), Path(args.start)
+    base_run, *more_runs = (Path(b) for b in args.baseline)
     rows = [json.loads(x) for x in (rl_run / "metrics.jsonl").read_text().splitlines() if x.strip()]
     cfg = load_yaml(rl_run / "config.yaml")
     evals = {
-        "start": _score(start, args.episodes, rl_run / "eval_start"),
+        "start": _score(start, args.episodes, rl_run / "eval_start", args.batch_episodes),
         "rl": _score(
             rl_run / args.pick,
             args.episodes,
             rl_run / {"final": "eval_test", "best": "eval_test_best"}[args.pick],
+            args.batch_episodes,
         ),
         # its EMA weights where it kept them, as bench/heads.py scores every trained head
-        "imitation": _score(_ema(base_run / "final"), args.episodes, base_run / "eval_test"),
+        "imitation": _score(
+            _ema(base_run / "final"), args.episodes, base_run / "eval_test", args.batch_episodes
+        ),
     }
     base_cpu = json.loads((base_run / "cpu.json").read_text())
     record = {
@@ -155,8 +161,18 @@ def cmd_record(args: argparse.Namespace) -> None:
         "rl_minus_imitation": paired(evals["rl"], evals["imitation"]),
         "rl_minus_start": paired(evals["rl"], evals["start"]),
     }
-    if args.start_val:  # the start's greedy score on the same validation seeds as the curve
-        record["validation_start"] = json.loads(Path(args.start_val).read_text())
+    # the start's greedy score on the same validation seeds as the curve (vla rl writes it)
+    start_val = Path(args.start_val) if args.start_val else rl_run / "validation_start.json"
+    if start_val.exists():
+        record["validation_start"] = json.loads(start_val.read_text())
+    # further baselines (e.g. imitation on other data), each scored and paired like the first
+    for run in more_runs:
+        res = _score(_ema(run / "final"), args.episodes, run / "eval_test", args.batch_episodes)
+        cpu = json.loads((run / "cpu.json").read_text())
+        record.setdefault("more_baselines", []).append(
+            {"run": str(run), "cpu_h": round(cpu["cpu_s"] / 3600, 3), "argv": cpu["argv"],
+             "test": _summary(res), "rl_minus_baseline": paired(evals["rl"], res)}
+        )  # fmt: skip
     if args.note:
         record["note"] = args.note
     data = json.loads(RESULTS.read_text()) if RESULTS.exists() else {"runs": {}}
@@ -171,6 +187,11 @@ def cmd_record(args: argparse.Namespace) -> None:
     p = record["rl_minus_imitation"]
     print(f"rl - imitation: {p['difference']:+.3f} {p['ci95']} (paired over {p['n']} seeds); "
           f"CPU-h rl {record['rl_cpu_h']}, imitation {record['imitation']['cpu_h']}")  # fmt: skip
+    for b in record.get("more_baselines", []):
+        lo, hi = b["test"]["ci95"]
+        p = b["rl_minus_baseline"]
+        print(f"{b['run']}: {b['test']['success']:.3f} [{lo:.3f}, {hi:.3f}] ({b['cpu_h']} CPU-h); "
+              f"rl - it: {p['difference']:+.3f} {p['ci95']}")  # fmt: skip
     print(f"wrote {RESULTS}")
 
 
@@ -190,8 +211,19 @@ def main() -> None:
     r.add_argument("--name", required=True)
     r.add_argument("--start", required=True)
     r.add_argument("--rl", required=True)
-    r.add_argument("--baseline", required=True)
+    r.add_argument(
+        "--baseline",
+        required=True,
+        action="append",
+        help="an imitation run (bench/rl.py imitate --out); repeat for more, the first is the headline",
+    )
     r.add_argument("--episodes", type=int, default=400)
+    r.add_argument(
+        "--batch-episodes",
+        type=int,
+        default=None,
+        help="episodes per worker side by side, one batched query (default: the policy config's eval.batch_episodes)",
+    )
     r.add_argument(
         "--pick",
         choices=("final", "best"),

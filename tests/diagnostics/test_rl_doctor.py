@@ -66,6 +66,20 @@ def test_a_validation_curve_that_never_beats_its_first_point(tmp_path):
     assert "first 62.0% (iteration 10), last 51.3%" in d["findings"][0]["why"]
 
 
+def test_the_start_is_the_curves_first_point(tmp_path, capsys):
+    """vla rl's validation_start.json is iteration 0: later points are judged against the start."""
+    rows = [_row(i, 0.4, clip=0.02, ratio=0.05) for i in range(20)]
+    rows[9]["val_success"], rows[19]["val_success"] = 0.62, 0.66
+    run = _run(tmp_path, rows, eval_episodes=150)
+    (run / "validation_start.json").write_text(json.dumps({"val_success": 0.7, "val_by_task": {}}))
+    d = diagnose(run)
+    assert [v["iteration"] for v in d["validation"]] == [0, 10, 20]
+    assert d["findings"][0]["id"] == "validation_not_rising"
+    assert "the start 70.0% (iteration 0), last 66.0%" in d["findings"][0]["why"]
+    assert main(["doctor", "--run", str(run)]) == 0
+    assert "validation of the start: 70.0%" in capsys.readouterr().out
+
+
 def test_cli_prints_and_writes_doctor_json(tmp_path, capsys):
     run = _run(tmp_path, [_row(i, 0.5) for i in range(3)])
     assert main(["doctor", "--run", str(run)]) == 0

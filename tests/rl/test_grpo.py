@@ -172,6 +172,9 @@ def test_resume_equals_uninterrupted(rl_policy, tmp_path, monkeypatch):
 
     assert rows("a") == rows("b") and [r["iteration"] for r in rows("a")] == [0, 1]
     assert "val_success" in rows("a")[1] and set(rows("a")[1]["val_by_task"]) == {"reach", "push"}
+    # the start on the same validation seeds, once per run (not again on resume)
+    starts = [json.loads((tmp_path / r / "validation_start.json").read_text()) for r in ("a", "b")]
+    assert starts[0] == starts[1] and set(starts[0]["val_by_task"]) == {"reach", "push"}
     assert rows("a")[0]["decisions_used"] > 0 and rows("a")[0]["ratio_dev"] > 0  # epoch 2 moved it
     assert not (tmp_path / "a" / "final" / "train_state").exists()
     assert "RL: success per iteration" in (tmp_path / "a" / "report.html").read_text()
@@ -180,10 +183,11 @@ def test_resume_equals_uninterrupted(rl_policy, tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("rl_policy", ["tokens"], indirect=True)  # the choice is the loop's, not the head's
 def test_best_is_the_best_validated_iteration_across_a_resume(rl_policy, tmp_path, monkeypatch):
-    """Validation scores 0.5, 0.8, 0.8 (scripted): best/ holds iteration 2's weights (the earliest
-    on a tie, not the final ones), and a run resumed after iteration 2 keeps it."""
+    """Validation scores 0.5, 0.8, 0.8 (scripted; the start 0.9, validated once per run and never
+    a candidate): best/ holds iteration 2's weights (the earliest on a tie, not the final ones),
+    and a run resumed after iteration 2 keeps it."""
     _reward_from_samples(monkeypatch)
-    scores = iter([0.5, 0.8, 0.8, 0.5, 0.8, 0.8])
+    scores = iter([0.9, 0.5, 0.8, 0.8, 0.9, 0.5, 0.8, 0.8])
     monkeypatch.setattr(RLRun, "validate", lambda self: {"val_success": next(scores), "val_by_task": {}})
     over = ["rl.groups=2", "rl.group_size=3", "rl.minibatch=16", "rl.tasks=[reach]", "rl.eval_every=1",
             "rl.keep_last=1", "rl.lr=1e-3"]  # fmt: skip
@@ -198,6 +202,7 @@ def test_best_is_the_best_validated_iteration_across_a_resume(rl_policy, tmp_pat
     assert any(not torch.equal(weights["a"][k], final[k]) for k in final)
     assert (tmp_path / "a" / "best" / "config.yaml").is_file()
     assert not (tmp_path / "a" / "best" / "train_state").exists()
+    assert json.loads((tmp_path / "b" / "validation_start.json").read_text())["val_success"] == 0.9
 
 
 @pytest.mark.parametrize(
@@ -229,6 +234,7 @@ def test_flow_logprobs_are_those_of_the_noisy_sampler():
     with torch.no_grad():
         _, traj = flow_sample(m, b, sigma, torch.Generator().manual_seed(1))
         logp, mask = flow_logprobs(m, b, traj, sigma, real_dims=cfg.action_dim)
+        first2 = flow_logprobs(m, b, traj, sigma, real_dims=cfg.action_dim, horizon=2)[0]
     g = torch.Generator().manual_seed(1)
     shape = traj[:, 0].shape
     torch.randn(shape, generator=g)  # x_0
@@ -237,3 +243,14 @@ def test_flow_logprobs_are_those_of_the_noisy_sampler():
     want = (-0.5 * eps.pow(2) - math.log(std) - 0.5 * math.log(2 * math.pi)).sum((-1, -2))
     assert mask.all() and logp.shape == (3, n)
     assert torch.allclose(logp, want, atol=1e-3, rtol=1e-4), (logp - want).abs().max()
+    # rl.flow_logp_steps = 2: only the chunk's first two actions (the executed ones) are credited
+    want2 = (-0.5 * eps[:, :, :2].pow(2) - math.log(std) - 0.5 * math.log(2 * math.pi)).sum((-1, -2))
+    assert torch.allclose(first2, want2, atol=1e-3, rtol=1e-4), (first2 - want2).abs().max()
+
+
+def test_flow_logp_steps_is_checked():
+    with pytest.raises(ValueError, match="flow_logp_steps"):
+        load_config("tiny", None, ["rl.flow_logp_steps=-1"])
+    h = load_config("tiny", None, []).model.action_horizon
+    with pytest.raises(ValueError, match="flow_logp_steps"):
+        load_config("tiny", None, [f"rl.flow_logp_steps={h + 1}"])

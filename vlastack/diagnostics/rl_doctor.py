@@ -1,6 +1,7 @@
 """``vla doctor --run RUN``: what a ``vla rl`` run folder says about itself, and what to change.
 
-It reads ``metrics.jsonl`` (one row per iteration), ``config.yaml`` and ``best.json`` and answers
+It reads ``metrics.jsonl`` (one row per iteration), ``config.yaml``, ``best.json`` and
+``validation_start.json`` (the start's validation score, the curve's iteration 0) and answers
 the questions a stalled RL run raises, each from the run's own numbers:
 
 - **Is it learning?** Rollout success over the first and last fifth of the iterations, and each
@@ -72,16 +73,13 @@ def diagnose(run_dir: str | Path) -> dict[str, Any]:
         "env_workers": rl.env_workers,
     }
     val = []
-    for r in rows:
-        if "val_success" in r:
-            lo, hi = wilson(round(r["val_success"] * rl.eval_episodes), rl.eval_episodes)
-            val.append(
-                {
-                    "iteration": r["iteration"] + 1,
-                    "success": r["val_success"],
-                    "ci95": [round(lo, 3), round(hi, 3)],
-                }
-            )
+    # the start on the same seeds (vla rl writes it before the first iteration): iteration 0
+    start = run / "validation_start.json"
+    points = [(0, json.loads(start.read_text())["val_success"])] if start.is_file() else []
+    points += [(r["iteration"] + 1, r["val_success"]) for r in rows if "val_success" in r]
+    for it, success in points:
+        lo, hi = wilson(round(success * rl.eval_episodes), rl.eval_episodes)
+        val.append({"iteration": it, "success": success, "ci95": [round(lo, 3), round(hi, 3)]})
     best = json.loads((run / "best.json").read_text()) if (run / "best.json").is_file() else None
     findings = []
 
@@ -115,19 +113,21 @@ def diagnose(run_dir: str | Path) -> dict[str, Any]:
         p = (v0["success"] + vb["success"]) / 2
         noise = 1.96 * math.sqrt(2 * p * (1 - p) / rl.eval_episodes)  # two independent proportions
         summary["validation_noise"] = round(noise, 3)
+        first = "the start" if v0["iteration"] == 0 else "the first"
+        first_s = "the start's" if v0["iteration"] == 0 else "the first point's"
         if vb is v0:
             add(
                 "validation_not_rising",
-                "No later validation point beat the first",
-                f"first {v0['success']:.1%} (iteration {v0['iteration']}), last {val[-1]['success']:.1%}: "
-                "the iterations after the first validation did not help the greedy policy (the 95% noise "
+                f"No later validation point beat {first}",
+                f"{first} {v0['success']:.1%} (iteration {v0['iteration']}), last {val[-1]['success']:.1%}: "
+                "the later iterations did not help the greedy policy (the 95% noise "
                 f"of {rl.eval_episodes} episodes each is {noise:.1%}).",
             )
         elif vb["success"] - v0["success"] < noise:
             add(
                 "validation_within_noise",
                 "The validation curve does not separate from its noise",
-                f"best {vb['success']:.1%} (iteration {vb['iteration']}) against the first point's "
+                f"best {vb['success']:.1%} (iteration {vb['iteration']}) against {first_s} "
                 f"{v0['success']:.1%}: a difference under {noise:.1%} is within the 95% noise of "
                 f"{rl.eval_episodes} episodes each, and picking the best of {len(val)} points favours a "
                 "lucky one. Score more validation episodes before trusting a pick.",
@@ -172,7 +172,8 @@ def format_report(d: dict[str, Any]) -> str:
     ]
     for v in d["validation"]:
         lo, hi = v["ci95"]
-        lines.append(f"  validation at iteration {v['iteration']}: {v['success']:.1%} [{lo:.1%}, {hi:.1%}]")
+        at = "of the start" if v["iteration"] == 0 else f"at iteration {v['iteration']}"
+        lines.append(f"  validation {at}: {v['success']:.1%} [{lo:.1%}, {hi:.1%}]")
     if d["best"]:
         lines.append(
             f"  best/: iteration {d['best']['iteration']} ({d['best']['val_success']:.1%} on validation)"

@@ -278,9 +278,9 @@ def run_report(run_dir: str | Path) -> Path:
     )  # fmt: skip
 
 
-def rl_curve(rows: list[dict]) -> str:
+def rl_curve(rows: list[dict], start: dict | None = None) -> str:
     """SVG: the rollouts' success per iteration (sampled, per task thin) and the greedy policy's
-    on the validation seeds where it was scored."""
+    on the validation seeds where it was scored, from ``start`` (the starting policy's, at 0)."""
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(5.5, 3.2))
     its = [r["iteration"] + 1 for r in rows]
@@ -291,6 +291,8 @@ def rl_curve(rows: list[dict]) -> str:
         ]
         ax.plot(*zip(*pts, strict=True), lw=0.8, alpha=0.5, label=t)
     val = [(r["iteration"] + 1, r["val_success"]) for r in rows if "val_success" in r]
+    if start is not None:
+        val.insert(0, (0, start["val_success"]))
     if val:
         ax.plot(*zip(*val, strict=True), "o-", color="k", lw=1.6, label="validation (greedy)")
     ax.set(xlabel="iteration", ylabel="success", title="RL: success per iteration", ylim=(0, 1.05))
@@ -312,10 +314,14 @@ def rl_report(run_dir: str | Path) -> Path:
         cards["CPU-hours"] = f"{rows[-1]['cpu_s'] / 3600:.2f}"
         cards["rollouts"] = str(sum(r["episodes"] for r in rows))
         cards["last rollout success"] = f"{rows[-1]['success']:.0%}"
+    start_path = run_dir / "validation_start.json"  # rl/runner.py's START_VALIDATION
+    start = read_json(start_path) if start_path.exists() else None
+    if start is not None:
+        cards["start's validation success"] = f"{start['val_success']:.0%}"
     val = [r for r in rows if "val_success" in r]
     if val:
         cards["last validation success"] = f"{val[-1]['val_success']:.0%}"
     return html_report(
         run_dir / "report.html", "vla rl", intro=str(run_dir), cards=cards, config=config,
-        charts=[rl_curve(rows)] if rows else [],
+        charts=[rl_curve(rows, start)] if rows else [],
     )  # fmt: skip

@@ -46,6 +46,7 @@ from vlastack.train.state import atomic_write_text, load_state, save_state
 
 METRICS = "metrics.jsonl"
 STATE = "train_state"  # the optimizer's folder in a checkpoint; export_final leaves it out of final/
+START_VALIDATION = "validation_start.json"  # the start's greedy score on the validation seeds
 
 
 def iteration_jobs(rl: Any, tasks: tuple[str, ...], it: int) -> list[tuple[str, int, int]]:
@@ -112,6 +113,11 @@ class RLRun:
 
     def fit(self) -> dict[str, Any]:
         rl = self.rl
+        start_val = self.out / START_VALIDATION
+        if rl.eval_every and self.start == 0 and not start_val.exists():
+            # The curve's first point: the start on the same validation seeds. A measurement of the
+            # start, not RL's work, so it runs before the CPU clock starts.
+            atomic_write_text(start_val, json.dumps(self.validate()) + "\n")
         cpu0 = self._cpu_s() - self._prior_cpu_s()
         bar = Progress(rl.iterations, "rl", unit="iter")
         bar.update(self.start)
@@ -173,9 +179,17 @@ class RLRun:
         from vlastack.sim.evaluate import evaluate
 
         rl, ev = self.rl, self.cfg.eval
+        # Every validation draws the same sampling noise (a flow head's starting noise): its points
+        # then differ by the weights only, and a resumed run validates as an uninterrupted one.
+        gen = self.policy.generator
+        kept = gen.get_state()
+        gen.manual_seed(rl.eval_seed)
+        # eval.batch_episodes side by side, one batched query per step, as `vla eval` runs the
+        # policy's config (a token head decodes them exactly as one by one: tests/sim)
         res = evaluate(self.policy, ev, num_workers=0, episodes=rl.eval_episodes, seed=rl.eval_seed,
-                       seed_scheme="spread", tasks=self.tasks, videos=0, batch_episodes=1,
+                       seed_scheme="spread", tasks=self.tasks, videos=0, batch_episodes=ev.batch_episodes,
                        temporal_ensemble=0.0, cameras=tuple(self.cfg.model.camera_names))  # fmt: skip
+        gen.set_state(kept)
         return {
             "val_success": res["mean_task_success"],
             "val_by_task": {t: v["success_rate"] for t, v in res["tasks"].items()},

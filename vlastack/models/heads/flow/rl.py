@@ -45,12 +45,18 @@ def flow_sample(
 
 
 def flow_logprobs(
-    model: torch.nn.Module, batch: Batch, traj: Tensor, sigma: float, real_dims: int
+    model: torch.nn.Module,
+    batch: Batch,
+    traj: Tensor,
+    sigma: float,
+    real_dims: int,
+    horizon: int = 0,
 ) -> tuple[Tensor, Tensor]:
     """Log-probability of each denoising step of ``traj`` [B, n + 1, H, A] under ``model``, over
-    the first ``real_dims`` action dims (the padded ones are the model's, not the robot's).
+    the first ``real_dims`` action dims (the padded ones are the model's, not the robot's) and the
+    chunk's first ``horizon`` actions (0 = all H; ``rl.flow_logp_steps``).
 
-    All ``B * n`` velocities in one uncached pass (the prefix repeated per step), with gradients.
+    All ``B * n`` velocities in one pass with gradients: the prefix once, the n suffixes against it.
     -> (logp fp32 [B, n], mask bool [B, n], all True)."""
     head = model.head
     b, n1, h, a = traj.shape
@@ -60,19 +66,25 @@ def flow_logprobs(
             f"trajectory has {n} steps, the head takes {model.cfg.head_options.num_denoise_steps}"
         )
     dt = -1.0 / n
-    prefix, pad = model.embed_prefix(batch)
-    state = head.uncached_state(model, prefix, pad, batch["state"])
+    # The prefix runs once, with gradients, into a fresh cache; its k/v are then repeated for the
+    # n steps, whose suffixes run as one batch of B * n against it: the cached sampler's own path,
+    # ~n times cheaper than recomputing the prefix per step (velocity_full).
+    cache, positions, mask, state = head.prefill(model, batch)
+    cache.k = [k.repeat_interleave(n, 0) for k in cache.k]
+    cache.v = [v.repeat_interleave(n, 0) for v in cache.v]
     xs = traj[:, :-1].reshape(b * n, h, a)
     ts = (1.0 + dt * torch.arange(n, device=traj.device, dtype=torch.float32)).repeat(b)
-    v = head.velocity_full(
+    v = head.denoise_step(
         model,
-        prefix.repeat_interleave(n, 0),
-        pad.repeat_interleave(n, 0),
+        cache,
         state.repeat_interleave(n, 0),
         xs,
         ts,
+        positions.repeat_interleave(n, 0),
+        mask.repeat_interleave(n, 0),
     ).view(b, n, h, a)
     std = sigma * math.sqrt(-dt)
     z = (traj[:, 1:] - (traj[:, :-1] + dt * v)) / std
     lp = -0.5 * z.pow(2) - math.log(std) - 0.5 * math.log(2 * math.pi)
-    return lp[..., :real_dims].sum((-1, -2)), torch.ones(b, n, dtype=torch.bool, device=traj.device)
+    lp = lp[:, :, : horizon or h, :real_dims]
+    return lp.sum((-1, -2)), torch.ones(b, n, dtype=torch.bool, device=traj.device)

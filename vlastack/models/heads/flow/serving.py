@@ -57,7 +57,7 @@ class FlowServing(HeadServing):
     def rl_logprobs(
         self, model: torch.nn.Module, batch: dict[str, Tensor], sampled: Tensor, rl: Any
     ) -> tuple[Tensor, Tensor]:
-        return flow_logprobs(model, batch, sampled, rl.flow_sigma, self.policy.action_dim)
+        return flow_logprobs(model, batch, sampled, rl.flow_sigma, self.policy.action_dim, rl.flow_logp_steps)
 
     def check_options(self) -> None:
         if self.guidance_max <= 0:
