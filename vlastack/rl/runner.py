@@ -186,10 +186,12 @@ class RLRun:
         gen.manual_seed(rl.eval_seed)
         # eval.batch_episodes side by side, one batched query per step, as `vla eval` runs the
         # policy's config (a token head decodes them exactly as one by one: tests/sim)
-        res = evaluate(self.policy, ev, num_workers=0, episodes=rl.eval_episodes, seed=rl.eval_seed,
-                       seed_scheme="spread", tasks=self.tasks, videos=0, batch_episodes=ev.batch_episodes,
-                       temporal_ensemble=0.0, cameras=tuple(self.cfg.model.camera_names))  # fmt: skip
-        gen.set_state(kept)
+        try:
+            res = evaluate(self.policy, ev, num_workers=0, episodes=rl.eval_episodes, seed=rl.eval_seed,
+                           seed_scheme="spread", tasks=self.tasks, videos=0, batch_episodes=ev.batch_episodes,
+                           temporal_ensemble=0.0, cameras=tuple(self.cfg.model.camera_names))  # fmt: skip
+        finally:
+            gen.set_state(kept)
         return {
             "val_success": res["mean_task_success"],
             "val_by_task": {t: v["success_rate"] for t, v in res["tasks"].items()},
