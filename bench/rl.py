@@ -11,6 +11,16 @@
     python bench/rl.py record --name fast_s2 --start runs/heads/fast_nobpe_h4_sigma2_s2/final/ema \
         --rl runs/rl/fast_s2_grpo --baseline runs/rl/fast_s2_imitation --episodes 400
 
+RECAP (``vla recap``, the offline alternative) goes through the same baseline and test seeds:
+
+    vla recap collect --policy START --ema --out runs/recap/rollouts --episodes-per-task 200 --threads 1
+    vla recap label --policy START --ema --data runs/more_data --data runs/recap/rollouts \
+        --out runs/recap/data --threads 1
+    python bench/rl.py imitate --start START/ema --data runs/recap/data --out runs/rl/recap --steps 1500 \
+        model.advantage_conditioning=true model.max_text_len=45
+    python bench/rl.py record-recap --name NAME --start START/ema --run runs/rl/recap \
+        --rollouts runs/recap/rollouts --labelled runs/recap/data --baseline runs/rl/imitation_all
+
 Everything lands in bench/results/rl.json, one record per name: the start, the method and its
 settings, CPU-hours, rollouts, the success curve (rollouts, and the greedy policy on validation
 seeds), the test success of start / RL / baseline with Wilson intervals, and RL minus baseline
@@ -195,6 +205,55 @@ def cmd_record(args: argparse.Namespace) -> None:
     print(f"wrote {RESULTS}")
 
 
+def cmd_record_recap(args: argparse.Namespace) -> None:
+    """Score the start, the RECAP policy (``vla recap`` + ``imitate`` with
+    model.advantage_conditioning) and the baselines on the test seeds -> rl.json; RECAP's
+    CPU-hours are its rollouts', its value and labels' and its training's."""
+    start, run = Path(args.start), Path(args.run)
+    rollouts = json.loads((Path(args.rollouts) / "meta" / "recap_rollouts.json").read_text())
+    value = json.loads((Path(args.labelled) / "meta" / "recap_value.json").read_text())
+    train_cpu = json.loads((run / "cpu.json").read_text())
+    evals = {"start": _score(start, args.episodes, run / "eval_start", args.batch_episodes),
+             "recap": _score(_ema(run / "final"), args.episodes, run / "eval_test", args.batch_episodes)}  # fmt: skip
+    cpu = {"rollouts": rollouts["cpu_s"], "value_and_labels": value["cpu_s"], "training": train_cpu["cpu_s"]}
+    record = {
+        "date": datetime.date.today().isoformat(),
+        "environment": environment(),
+        "cpu_flags": cpu_flags(),
+        "start": str(start),
+        "method": "recap",
+        "rollouts": {k: v for k, v in rollouts.items() if k != "episodes"},
+        "value": value,
+        "training": {"run": str(run), "argv": train_cpu["argv"]},
+        "cpu_h": {k: round(v / 3600, 3) for k, v in cpu.items()}
+        | {"total": round(sum(cpu.values()) / 3600, 3)},
+        "test": {"seed": TEST_SEED, "episodes": args.episodes, **{k: _summary(v) for k, v in evals.items()}},
+        "recap_minus_start": paired(evals["recap"], evals["start"]),
+    }
+    for b in args.baseline:
+        res = _score(_ema(Path(b) / "final"), args.episodes, Path(b) / "eval_test", args.batch_episodes)
+        bcpu = json.loads((Path(b) / "cpu.json").read_text())
+        record.setdefault("baselines", []).append(
+            {"run": b, "cpu_h": round(bcpu["cpu_s"] / 3600, 3), "argv": bcpu["argv"], "test": _summary(res),
+             "recap_minus_baseline": paired(evals["recap"], res)}
+        )  # fmt: skip
+    if args.note:
+        record["note"] = args.note
+    data = json.loads(RESULTS.read_text()) if RESULTS.exists() else {"runs": {}}
+    data["runs"][args.name] = record
+    RESULTS.write_text(json.dumps(data, indent=1, default=str) + "\n")
+    for k in ("start", "recap"):
+        t = record["test"][k]
+        tasks = ", ".join(f"{n} {v['success']:.2f}" for n, v in t["tasks"].items())
+        print(f"{k:8s} {t['success']:.3f} {t['ci95']}  ({tasks})")
+    print(f"recap CPU-h: {record['cpu_h']}")
+    for b in record.get("baselines", []):
+        p = b["recap_minus_baseline"]
+        print(f"{b['run']}: {b['test']['success']:.3f} {b['test']['ci95']} ({b['cpu_h']} CPU-h); "
+              f"recap - it: {p['difference']:+.3f} {p['ci95']}")  # fmt: skip
+    print(f"wrote {RESULTS}")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -233,6 +292,17 @@ def main() -> None:
     r.add_argument("--start-val", default=None, help="JSON: the start on the validation seeds")
     r.add_argument("--note", default="", help="what the run tried, in words")
     r.set_defaults(func=cmd_record)
+    c = sub.add_parser("record-recap", help="score start / RECAP / baselines on the test seeds -> rl.json")
+    c.add_argument("--name", required=True)
+    c.add_argument("--start", required=True)
+    c.add_argument("--run", required=True, help="the RECAP training run (bench/rl.py imitate --out)")
+    c.add_argument("--rollouts", required=True, help="vla recap collect --out")
+    c.add_argument("--labelled", required=True, help="vla recap label --out")
+    c.add_argument("--baseline", action="append", default=[], help="an imitation run; repeat for more")
+    c.add_argument("--episodes", type=int, default=400)
+    c.add_argument("--batch-episodes", type=int, default=None)
+    c.add_argument("--note", default="")
+    c.set_defaults(func=cmd_record_recap)
     args = p.parse_args()
     args.func(args)
 

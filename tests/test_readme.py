@@ -75,6 +75,7 @@ RULES = (
     Rule(("vla", "train", "--config", "demo_tokens"), append=MICRO_TOKENS),
     # One iteration of two rollouts of a few steps: the loop, the update and final/ all run.
     Rule(("vla", "rl"), append=("rl.iterations=1", "rl.groups=1", "rl.group_size=2", "eval.max_steps=3")),
+    Rule(("vla", "recap", "collect"), set_opts=(("--episodes-per-task", "1"),)),
     Rule(("vla", "info")),
     Rule(("vla", "eval"), set_opts=(("--episodes", "2"), ("--workers", "0"), ("--videos", "0"))),
     Rule(("vla", "serve"), kind="serve", set_opts=(("--port", "0"),)),

@@ -55,6 +55,16 @@ def test_export_lerobot_then_import_is_the_same_model(tmp_path, variant):
     assert guessed.vision.heads == 4 and guessed.vlm.head_dim == 32 and not rec
 
 
+def test_a_recap_policy_does_not_export_without_its_indicator(tmp_path):
+    cfg = load_config(
+        "tiny", overrides=[*MICRO, "model.advantage_conditioning=true", "model.max_text_len=45"]
+    )
+    build_model(cfg.model).save_pretrained(tmp_path / "policy")
+    with pytest.raises(ValueError, match="Advantage: positive"):
+        export_lerobot(tmp_path / "policy", tmp_path / "lerobot")
+    assert not (tmp_path / "lerobot").exists()
+
+
 @pytest.mark.parametrize("fmt", ["pi0", "pi05", "pi0_fast", "vlastack"])
 def test_policy_loading_reads_each_file_of_the_folder_once(tmp_path, monkeypatch, fmt):
     """Issue #36: the loader walk enters each room once. ``Policy.from_pretrained`` locates the

@@ -161,6 +161,12 @@ class ModelConfig:
     # for a head without any. Saved only with that head, so adding a head never changes another
     # head's checkpoints. (Configs written before this field: config.io.LEGACY_HEAD_KEYS.)
     head_options: Any = None
+    # RECAP (pi*0.6; rl/recap.py, docs/rl.md): the prompt ends with an advantage indicator,
+    # "Advantage: positive" or "negative". Training reads each frame's from the dataset's
+    # ``advantage.positive`` column (``vla recap label`` writes it); Policy asks for "positive".
+    # A Pi0 prompt keeps its first max_text_len - 21 byte tokens of the instruction: raise
+    # max_text_len by 21 over the start's to keep all it read.
+    advantage_conditioning: bool = False
 
     def __post_init__(self) -> None:
         _check(self.head in HEAD_SPECS, "head", f"must be one of {list(HEAD_SPECS)}, got {self.head!r}")

@@ -41,6 +41,7 @@ from vlastack.models.tokenizer import load_tokenizer
 
 STATE_KEY, ACTION_KEY, ENV_KEY = "observation.state", "action", "observation.environment_state"
 ENV_UV_KEY = "observation.environment_uv"  # + ".<camera>": where that camera images ENV_KEY's points
+ADVANTAGE_KEY = "advantage.positive"  # bool per frame: RECAP's indicator (rl/recap.py)
 SINGLE_CAMERA = "image"  # LeRobot's one-camera datasets store it as "observation.image"
 
 
@@ -136,25 +137,32 @@ class VLADataset(Dataset):
         self.normalizer = normalizer or normalizer_from_stats(self.ds.stats, cfg)
         self.tokenizer = load_tokenizer(m.tokenizer)
         if m.state_in_prompt:  # a prompt cut short loses the state: check every task's longest one
+            adv = False if m.advantage_conditioning else None  # "negative" and "positive": 8 bytes each
             need, task = max(
-                (pi05_prompt_len(self.tokenizer, t, np.ones(self.state_dim)), t) for t in self.ds.tasks
+                (pi05_prompt_len(self.tokenizer, t, np.ones(self.state_dim), adv), t) for t in self.ds.tasks
             )
             if need > m.max_text_len:
                 raise ValueError(
                     f"{root}: the Pi0.5 prompt of task {task!r} with the {self.state_dim}-dim state needs up "
                     f"to {need} tokens, model.max_text_len is {m.max_text_len}: set model.max_text_len={need}"
                 )
-        self._tokens: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        if m.advantage_conditioning and ADVANTAGE_KEY not in self.ds.features:
+            raise ValueError(
+                f"{root}: model.advantage_conditioning reads each frame's advantage indicator from the "
+                f"{ADVANTAGE_KEY!r} feature, which this dataset lacks: label it with `vla recap label`, "
+                "or set model.advantage_conditioning=false"
+            )
+        self._tokens: dict[tuple[int, bool | None], tuple[np.ndarray, np.ndarray]] = {}
         self._dim_mask = torch.arange(m.action_dim) < self.action_dim
 
     def __len__(self) -> int:
         return len(self.ds)
 
-    def _tokenize(self, task_index: int) -> tuple[np.ndarray, np.ndarray]:
-        hit = self._tokens.get(task_index)
+    def _tokenize(self, task_index: int, advantage: bool | None) -> tuple[np.ndarray, np.ndarray]:
+        hit = self._tokens.get((task_index, advantage))
         if hit is None:
-            hit = self._tokens[task_index] = self.tokenizer.tokenize(
-                self.ds.tasks[task_index], self.cfg.model.max_text_len
+            hit = self._tokens[task_index, advantage] = tokenize_prompt(
+                self.tokenizer, self.ds.tasks[task_index], None, self.cfg.model.max_text_len, False, advantage
             )
         return hit
 
@@ -175,12 +183,13 @@ class VLADataset(Dataset):
         )
         is_pad = torch.from_numpy(item[f"{ACTION_KEY}_is_pad"])
         actions[is_pad] = 0.0  # padded steps carry no signal; the loss masks them anyway
+        adv = bool(np.asarray(item[ADVANTAGE_KEY]).reshape(-1)[0]) if m.advantage_conditioning else None
         if m.state_in_prompt:  # Pi0.5: the normalized state is part of the prompt (per frame)
             task = self.ds.tasks[int(item["task_index"])]
             st = state[: self.state_dim].numpy()
-            tokens, mask = tokenize_prompt(self.tokenizer, task, st, m.max_text_len, state_in_prompt=True)
+            tokens, mask = tokenize_prompt(self.tokenizer, task, st, m.max_text_len, True, adv)
         else:
-            tokens, mask = self._tokenize(int(item["task_index"]))
+            tokens, mask = self._tokenize(int(item["task_index"]), adv)
         out = {
             "images": images,
             "image_mask": torch.tensor(self.present),

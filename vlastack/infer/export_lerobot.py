@@ -61,6 +61,11 @@ def export_lerobot(policy_folder: str | Path, out: str | Path) -> Path:
         raise ValueError(
             "only the plain flow head (pi0 / pi05) and an imported pi0-FAST token head have a LeRobot equivalent"
         )
+    if cfg.advantage_conditioning:  # LeRobot's processors would leave its prompts without the indicator
+        raise ValueError(
+            f"{folder}: trained with model.advantage_conditioning (RECAP): LeRobot's pi0/pi05 processors "
+            "do not write the 'Advantage: positive' line its prompts need; serve it with `vla serve`"
+        )
     modes, stats, eps = _norm(folder)
     out.mkdir(parents=True, exist_ok=True)
 

@@ -227,12 +227,14 @@ def build_batch(
     tokenizer,
     normalizer,
     state_in_prompt: bool = False,
+    advantage: bool | None = None,
 ) -> Batch:
     """Checked observations -> model batch (see vlastack/batch.py) on the CPU.
 
     Images are resized to ``spec.image_size`` as in training (``spec.image_resize``); absent cameras are
     zeros with ``image_mask`` False; state is normalized and zero-padded to ``model_state_dim``.
     ``state_in_prompt`` (Pi0.5): the prompt is built from the instruction and the normalized state.
+    ``advantage``: RECAP's indicator written after the instruction (``models/prompt.py``).
     """
     b, n, s = len(obs_list), len(spec.camera_names), spec.image_size
     images = torch.zeros(b, n, 3, s, s, dtype=torch.uint8)
@@ -249,7 +251,7 @@ def build_batch(
                 images[i, j] = fit_image(chw, s, spec.image_resize)
                 image_mask[i, j] = True
         st = np.asarray(normalizer.normalize("observation.state", o.state), dtype=np.float32)
-        ids, mask = tokenize_prompt(tokenizer, o.prompt, st, max_text_len, state_in_prompt)
+        ids, mask = tokenize_prompt(tokenizer, o.prompt, st, max_text_len, state_in_prompt, advantage)
         tokens[i], token_mask[i] = torch.from_numpy(ids), torch.from_numpy(mask)
         state[i, : st.shape[0]] = torch.from_numpy(st)
     return {

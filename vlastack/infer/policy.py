@@ -73,6 +73,9 @@ class Policy:
         self.device = torch.device(device)
         self.normalizer = normalizer or identity_normalizer()
         self.tokenizer = tokenizer or load_tokenizer(self.cfg.tokenizer)
+        # RECAP (model.advantage_conditioning): the indicator every prompt carries; "positive"
+        # serves the policy improved, False asks for the "negative" one (an ablation).
+        self.advantage: bool | None = True if self.cfg.advantage_conditioning else None
         self.bf16 = dtype == "bf16"
         # The env's dims: the length of the statistics, or the model's (identity normalization).
         self.state_dim = stat_dim(self.normalizer, STATE_KEY) or self.cfg.state_dim
@@ -203,7 +206,7 @@ class Policy:
                 f"{np.abs(o.state).max():.3g}): not a state this policy can act on"
             )
         if self.cfg.state_in_prompt and self.preprocess is None:
-            n = pi05_prompt_len(self.tokenizer, o.prompt, st)
+            n = pi05_prompt_len(self.tokenizer, o.prompt, st, self.advantage)
             if n > self.cfg.max_text_len:  # cut short, the prompt would lose the state
                 raise ObsError(
                     f"'prompt': with the state written in, this Pi0.5 prompt needs {n} tokens and the "
@@ -234,6 +237,7 @@ class Policy:
                 self.tokenizer,
                 self.normalizer,
                 c.state_in_prompt,
+                self.advantage,
             )
         return {k: v.to(self.device) for k, v in batch.items()}
 

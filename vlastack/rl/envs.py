@@ -71,6 +71,17 @@ class EnvPool:
     def step(self, items: list[tuple[Slot, np.ndarray]]) -> list[tuple]:
         return [self._env(slot).step(action) for slot, action in items]
 
+    def privileged(self, items: list[tuple[Slot, Any]]) -> list[tuple | None]:
+        """Each slot's privileged key points now: (state float32 [6], {camera: uv [4]}) on the
+        built-in suites, else None (``vla recap collect`` keeps them for grounding recipes)."""
+        out: list[tuple | None] = []
+        for slot, _ in items:
+            env = self._env(slot)
+            out.append(
+                (env.privileged_state(), env.privileged_uv()) if hasattr(env, "privileged_state") else None
+            )
+        return out
+
     def close(self) -> None:
         for env in self.envs.values():
             env.close()
@@ -187,6 +198,9 @@ class EnvWorkers:
 
     def step(self, items: list[tuple[Slot, np.ndarray]]) -> list[tuple]:
         return self._call("step", items)
+
+    def privileged(self, items: list[tuple[Slot, Any]]) -> list[tuple | None]:
+        return self._call("privileged", items)
 
     def close(self) -> None:
         for w in self.workers:

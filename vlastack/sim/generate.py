@@ -47,13 +47,14 @@ import json
 import multiprocessing as mp
 import shutil
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from vlastack.data.format import DEFAULT_FEATURES
 from vlastack.folderlock import FolderLock
 from vlastack.progress import Progress
 from vlastack.sim.env import ALL_TASKS, LIBERO_SUITES, SUITES
@@ -596,25 +597,51 @@ def add_metaworld_uv(
 def _merge_parts(
     parts: list[Path], out: Path, video_quality: str, overwrite: bool, progress: bool = True
 ) -> None:
-    """Concatenate finished per-task datasets (same features) into one, episode by episode.
+    """Concatenate finished per-task datasets (same features) into one, episode by episode."""
+    merge_datasets(parts, out, video_quality, overwrite, progress)
 
-    Every frame is decoded from the lossless parts and encoded again (~190k frames for MT50): a
-    thread decodes the next episode while this one is encoded, and a bar shows the episodes
-    written."""
+
+def merge_datasets(
+    parts: list[Path],
+    out: Path,
+    video_quality: str = "lossless",
+    overwrite: bool = False,
+    progress: bool = True,
+    keep: list[str] | None = None,
+    extra: dict[str, dict[str, Any]] | None = None,
+    columns: Callable[[int, int, int], dict[str, np.ndarray]] | None = None,
+) -> None:
+    """Concatenate LeRobot v3 datasets into one at ``out``, episode by episode, in order.
+
+    ``keep``: the features written (default: the first part's; each part must have them);
+    ``extra``: features added (name -> ``{"dtype", "shape"}``), whose values ``columns(part,
+    episode, length)`` returns per episode ({name: [length, ...]}; ``rl/recap.py`` adds its labels).
+    Every frame is decoded and encoded again (~190k frames for MT50): a thread decodes the next
+    episode while this one is encoded, and a bar shows the episodes written."""
     from concurrent.futures import ThreadPoolExecutor
 
     from vlastack.data.lerobot import LeRobotWriter
     from vlastack.data.reader import LeRobotDataset
 
-    info = json.loads((parts[0] / "meta" / "info.json").read_text())
-    features = {k: {kk: v for kk, v in f.items() if kk != "info"} for k, f in info["features"].items()}
+    infos = [json.loads((p / "meta" / "info.json").read_text()) for p in parts]
+    info = infos[0]
+    names = [k for k in (keep or info["features"]) if k not in DEFAULT_FEATURES]
+    for p, inf in zip(parts, infos, strict=True):
+        if missing := [k for k in names if k not in inf["features"]]:
+            raise ValueError(f"{p}: has no {missing} (merging needs every part to have the features kept)")
+        if inf["fps"] != info["fps"]:
+            raise ValueError(f"{p}: {inf['fps']} fps, {parts[0]} has {info['fps']}: cannot merge")
+    features = {k: {kk: v for kk, v in info["features"][k].items() if kk != "info"} for k in names}
+    features.update(extra or {})
+    if extra and columns is None:
+        raise ValueError("merge_datasets: extra features need columns() to give their values")
     pix_fmt, crf = VIDEO_QUALITY[video_quality]
-    counts = [json.loads((p / "meta" / "info.json").read_text())["total_episodes"] for p in parts]
+    counts = [inf["total_episodes"] for inf in infos]
     jobs = [(i, k) for i, n in enumerate(counts) for k in range(n)]
     opened: dict[int, LeRobotDataset] = {}  # touched by the decoding thread only
     writer = LeRobotWriter(out, fps=info["fps"], features=features, robot_type=info["robot_type"],
                            overwrite=overwrite, video_pix_fmt=pix_fmt, video_crf=crf)  # fmt: skip
-    keys = [k for k in writer.features if features[k]["dtype"] not in ("video", "image")]
+    keys = [k for k in names if features[k]["dtype"] not in ("video", "image")]
 
     def load(job: tuple[int, int]) -> tuple[dict[str, np.ndarray], str]:
         i, k = job
@@ -624,8 +651,11 @@ def _merge_parts(
             opened[i] = LeRobotDataset(parts[i])
         ds = opened[i]
         start, end = ds.episode_range(k)
-        data = {key: np.stack([ds.image(key, t) for t in range(start, end)]) for key in ds.camera_keys}
+        cams = [key for key in ds.camera_keys if key in names]
+        data = {key: np.stack([ds.image(key, t) for t in range(start, end)]) for key in cams}
         data.update({key: np.asarray(ds.columns[key][start:end]) for key in keys})
+        if columns is not None:
+            data.update(columns(i, k, end - start))
         return data, ds.tasks[int(ds.columns["task_index"][start])]
 
     try:
