@@ -5,7 +5,7 @@ offline alternative to ``vla rl``'s on-policy updates, trained with the ordinary
     vla recap label --policy runs/flow/final --data runs/more_data --data runs/recap/rollouts \\
         --out runs/recap/data
     vla train --config runs/flow/final/config.yaml --data runs/recap/data train.init_from=runs/flow/final \\
-        data.norm_stats=init_from model.advantage_conditioning=true model.max_text_len=44
+        data.norm_stats=init_from model.advantage_conditioning=true model.max_text_len=45
 
 1. ``collect``: the policy, sampling as ``vla eval`` runs it, on seeds of its own (from 4,000,000:
    disjoint from data, validation and test seeds). Every episode is kept, failures included, with
@@ -18,8 +18,9 @@ offline alternative to ``vla rl``'s on-policy updates, trained with the ordinary
    episode, so the Monte Carlo advantage is not fitted away.
 3. ``label``, the indicator: ``A_t = G_t - V(o_t)``; a frame is positive when ``A_t`` is above its
    task's ``1 - positive_fraction`` quantile (pi*0.6 sets the threshold per task so that about
-   30% of frames are positive). The datasets are merged into one with the ``advantage.positive``
-   column (``data/samples.py`` reads it).
+   30% of frames are positive); ``positive_data`` datasets (pi*0.6's human corrections; here
+   expert demonstrations) are positive throughout. The datasets are merged into one with the
+   ``advantage.positive`` column (``data/samples.py`` reads it).
 4. Training: ``model.advantage_conditioning=true`` writes "Advantage: positive" or "negative" into
    each frame's prompt (``models/prompt.py``); ``Policy`` then asks for "positive".
 
@@ -43,7 +44,7 @@ from vlastack.data.samples import ADVANTAGE_KEY, ENV_KEY, ENV_UV_KEY
 from vlastack.progress import Progress
 
 COLLECT_SEED = 4_000_000  # rollout seeds: data 0.., eval 1e6, validation 2e6, vla rl 3e6
-REWARD_KEY, SUCCESS_KEY = "next.reward", "next.success"
+REWARD_KEY, SUCCESS_KEY = "next.reward", "next.success"  # as sim/generate.py writes them
 VALUE_FILE = "recap_value.json"  # what `label` measured, beside the labelled dataset
 
 
