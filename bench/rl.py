@@ -113,6 +113,24 @@ def paired(a: dict, b: dict) -> dict:
             "only_first": sum(x > 0 for x in d), "only_second": sum(x < 0 for x in d)}  # fmt: skip
 
 
+def _baseline(run: Path, ours: dict, label: str, args: argparse.Namespace) -> dict:
+    """An imitation run (``imitate --out``) scored on the test seeds and paired with ``ours``."""
+    res = _score(_ema(run / "final"), args.episodes, run / "eval_test", args.batch_episodes)
+    cpu = json.loads((run / "cpu.json").read_text())
+    return {"run": str(run), "cpu_h": round(cpu["cpu_s"] / 3600, 3), "argv": cpu["argv"],
+            "test": _summary(res), f"{label}_minus_baseline": paired(ours, res)}  # fmt: skip
+
+
+def _save(name: str, record: dict, note: str) -> None:
+    """``record`` (with ``note``) as ``runs[name]`` of rl.json, the other records kept."""
+    if note:
+        record["note"] = note
+    data = json.loads(RESULTS.read_text()) if RESULTS.exists() else {"runs": {}}
+    data["runs"][name] = record
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    RESULTS.write_text(json.dumps(data, indent=1, default=str) + "\n")
+
+
 def cmd_record(args: argparse.Namespace) -> None:
     from vlastack.config import load_yaml
 
@@ -177,18 +195,8 @@ def cmd_record(args: argparse.Namespace) -> None:
         record["validation_start"] = json.loads(start_val.read_text())
     # further baselines (e.g. imitation on other data), each scored and paired like the first
     for run in more_runs:
-        res = _score(_ema(run / "final"), args.episodes, run / "eval_test", args.batch_episodes)
-        cpu = json.loads((run / "cpu.json").read_text())
-        record.setdefault("more_baselines", []).append(
-            {"run": str(run), "cpu_h": round(cpu["cpu_s"] / 3600, 3), "argv": cpu["argv"],
-             "test": _summary(res), "rl_minus_baseline": paired(evals["rl"], res)}
-        )  # fmt: skip
-    if args.note:
-        record["note"] = args.note
-    data = json.loads(RESULTS.read_text()) if RESULTS.exists() else {"runs": {}}
-    data["runs"][args.name] = record
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(data, indent=1, default=str) + "\n")
+        record.setdefault("more_baselines", []).append(_baseline(run, evals["rl"], "rl", args))
+    _save(args.name, record, args.note)
     t = record["test"]
     for k in ("start", "rl", "imitation"):
         lo, hi = t[k]["ci95"]
@@ -231,17 +239,8 @@ def cmd_record_recap(args: argparse.Namespace) -> None:
         "recap_minus_start": paired(evals["recap"], evals["start"]),
     }
     for b in args.baseline:
-        res = _score(_ema(Path(b) / "final"), args.episodes, Path(b) / "eval_test", args.batch_episodes)
-        bcpu = json.loads((Path(b) / "cpu.json").read_text())
-        record.setdefault("baselines", []).append(
-            {"run": b, "cpu_h": round(bcpu["cpu_s"] / 3600, 3), "argv": bcpu["argv"], "test": _summary(res),
-             "recap_minus_baseline": paired(evals["recap"], res)}
-        )  # fmt: skip
-    if args.note:
-        record["note"] = args.note
-    data = json.loads(RESULTS.read_text()) if RESULTS.exists() else {"runs": {}}
-    data["runs"][args.name] = record
-    RESULTS.write_text(json.dumps(data, indent=1, default=str) + "\n")
+        record.setdefault("baselines", []).append(_baseline(Path(b), evals["recap"], "recap", args))
+    _save(args.name, record, args.note)
     for k in ("start", "recap"):
         t = record["test"][k]
         tasks = ", ".join(f"{n} {v['success']:.2f}" for n, v in t["tasks"].items())
