@@ -20,7 +20,8 @@ from vlastack.models import build_model
 from vlastack.models.heads.flow.rl import flow_logprobs, flow_sample
 from vlastack.models.heads.tokens.rl import sampled_logits, token_logprobs
 from vlastack.rl.grpo import clipped_loss, group_advantages
-from vlastack.rl.runner import RLRun, rl_config
+from vlastack.rl.rollout import progress
+from vlastack.rl.runner import RLRun, episode_rewards, rl_config
 
 
 @pytest.fixture(scope="module", params=["fast", "bins"])
@@ -97,8 +98,23 @@ def test_clipped_loss_is_the_policy_gradient_until_clipped():
     assert st["kl"] > 0
 
 
+def test_progress_shapes_failures_below_any_success():
+    assert progress(0.2, 0.05, False) == pytest.approx(0.75) and progress(0.2, 0.3, False) == 0.0
+    assert progress(0.2, 0.3, True) == 1.0 and progress(None, 0.1, False) is None
+    eps = [{"task": "push", "success": True, "progress": 1.0}, {"task": "push", "success": False, "progress": 0.5},
+           {"task": "push", "success": False, "progress": 0.0}]  # fmt: skip
+    assert episode_rewards(eps, 0.0).tolist() == [1.0, 0.0, 0.0]
+    assert episode_rewards(eps, 0.4).tolist() == pytest.approx([1.0, 0.2, 0.0])
+    # all failures, different progress: the group now carries a signal
+    _, informative = group_advantages(episode_rewards(eps[1:], 0.4), torch.tensor([0, 0]))
+    assert informative.all()
+    with pytest.raises(ValueError, match="progress_reward=0"):
+        episode_rewards([{"task": "x", "success": False, "progress": None}], 0.4)
+
+
 def test_config_checks():
-    for bad in ("rl.group_size=1", "rl.temperature=0", "rl.method=ppo", "rl.clip_low=1.5", "rl.iterations=0"):
+    for bad in ("rl.group_size=1", "rl.temperature=0", "rl.method=ppo", "rl.clip_low=1.5", "rl.iterations=0",
+                "rl.progress_reward=1", "rl.progress_reward=-0.1"):  # fmt: skip
         with pytest.raises(ConfigError):
             load_config("tiny", None, [bad])
 
@@ -179,6 +195,21 @@ def test_resume_equals_uninterrupted(rl_policy, tmp_path, monkeypatch):
     assert not (tmp_path / "a" / "final" / "train_state").exists()
     assert "RL: success per iteration" in (tmp_path / "a" / "report.html").read_text()
     assert (tmp_path / "a" / "checkpoints" / "step_0000002" / "train_state").is_dir()
+
+
+@pytest.mark.parametrize("rl_policy", ["tokens"], indirect=True)  # the reward is the loop's, not the head's
+def test_progress_reward_trains_on_all_failure_groups(rl_policy, tmp_path):
+    """The untrained micro policy fails every real episode: the sparse reward leaves nothing to
+    learn from, the shaped one ranks the failures by how close they came."""
+    over = ["rl.iterations=1", "rl.groups=2", "rl.group_size=3", "rl.tasks=[reach]", "rl.minibatch=16"]
+    rows = {}
+    for w in (0.0, 0.5):
+        RLRun(rl_policy, rl_config(rl_policy, [*over, f"rl.progress_reward={w}"]), tmp_path / str(w)).fit()
+        rows[w] = json.loads((tmp_path / str(w) / "metrics.jsonl").read_text().splitlines()[0])
+    assert rows[0.0]["success"] == rows[0.5]["success"] == 0.0
+    assert rows[0.0]["decisions_used"] == 0 and "reward" not in rows[0.0]
+    assert rows[0.5]["informative_groups"] == 2 and rows[0.5]["decisions_used"] == rows[0.5]["decisions"]
+    assert 0 < rows[0.5]["reward"] < 0.5
 
 
 @pytest.mark.parametrize("rl_policy", ["tokens"], indirect=True)  # the choice is the loop's, not the head's

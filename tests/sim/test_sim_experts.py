@@ -39,3 +39,20 @@ def test_rollout_arrays_are_aligned():
     assert ep["state"].shape == (t, 5) and ep["action"].shape == (t, 4)
     assert ep["action"].dtype == np.float32 and np.abs(ep["action"]).max() <= 1.0
     assert (ep["action"][:, 3] > 0).any() and (ep["action"][:, 3] <= 0).any()  # grasps and releases
+
+
+@pytest.mark.parametrize("task", ["reach", "push", "pick_place", "stack", "reach_moving", "carry"])
+def test_distance_to_done_closes_as_the_expert_succeeds(task):
+    """``info["distance"]`` (``Task.distance``, what ``rl.progress_reward`` shapes with) is far
+    after the first step and near zero when the expert succeeds."""
+    env = make_env(task, image_size=16, cameras=("scene",))
+    for seed in (0, 1):
+        env.reset(seed=seed)
+        first = None
+        while True:
+            _, _, terminated, truncated, info = env.step(env.expert_action())
+            first = info["distance"] if first is None else first
+            if terminated or truncated:
+                break
+        assert info["success"] and first > 0.04 and info["distance"] < min(0.035, 0.5 * first)
+    env.close()

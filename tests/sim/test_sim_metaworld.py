@@ -74,6 +74,9 @@ def test_metaworld_env_follows_lerobot():
         env.reset(seed=seed)
         goals.append(env.raw_state()[-3:].copy())  # the goal position
     assert not np.allclose(goals[0], goals[1]) and np.allclose(goals[0], goals[2])
+    hand_to_goal = np.linalg.norm(env.raw_state()[:3] - goals[2])
+    info = env.step(np.zeros(4, np.float32))[4]  # Meta-World's obj_to_target: for reach, the hand's
+    assert abs(info["distance"] - hand_to_goal) < 0.02 and set(info) == {"task", "success", "distance"}
     env.close()
     with pytest.raises(ValueError, match="render_quality"):
         make_env("reach-v3", suite="metaworld", image_size=32, render_quality="best")

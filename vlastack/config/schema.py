@@ -577,7 +577,7 @@ class RLConfig:
     GRPO as SimpleVLA-RL runs it: each iteration rolls out ``groups`` env seeds ``group_size``
     times each with the policy sampling its action tokens at ``temperature`` (a flow head: its
     denoising steps with ``flow_sigma`` noise, one "token" per step); an episode's reward
-    is the task's success (0/1); its advantage is the reward minus its group's mean over the
+    is the task's success (0/1; ``progress_reward`` shapes failures); its advantage is the reward minus its group's mean over the
     group's std; groups whose episodes all agree carry no signal and are dropped; the update is
     ``epochs`` passes of the PPO-clip surrogate per token (clip-higher: ``clip_low``/``clip_high``),
     plus ``kl_coef`` x the k3 KL to the starting policy."""
@@ -604,6 +604,11 @@ class RLConfig:
     clip_low: float = 0.2
     clip_high: float = 0.28  # DAPO's clip-higher: low-probability tokens may grow further
     kl_coef: float = 0.0  # SimpleVLA-RL runs without; > 0 keeps a frozen copy of the start
+    # Reward shaping: a failed episode earns progress_reward x its progress (the share of its
+    # distance to done it closed, the env's info["distance"]: sim's Task.distance, Meta-World's
+    # obj_to_target), a success 1. 0 = the sparse success reward (SimpleVLA-RL's). Below 1, so any
+    # success outranks any failure; > 0 makes all-failure groups informative.
+    progress_reward: float = 0.0
     max_grad_norm: float = 1.0
     drop_uniform_groups: bool = True  # dynamic sampling: all-success / all-failure groups skipped
     seed: int = 0  # the sampling noise (per iteration: resumes draw the same tokens)
@@ -640,6 +645,11 @@ class RLConfig:
             "need 0 <= clip_low < 1, clip_high >= 0",
         )
         _check(self.kl_coef >= 0, "kl_coef", f"must be >= 0, got {self.kl_coef}")
+        _check(
+            0 <= self.progress_reward < 1,
+            "progress_reward",
+            f"must be in [0, 1) (a failure's most, below a success's 1), got {self.progress_reward}",
+        )
         _check(self.max_grad_norm > 0, "max_grad_norm", f"must be > 0, got {self.max_grad_norm}")
         _check(self.num_threads >= 0, "num_threads", "must be >= 0 (0 = default)")
         _check(

@@ -35,9 +35,22 @@ class Decision:
 
 @dataclass
 class Rollout:
-    episodes: list[dict[str, Any]] = field(default_factory=list)  # task, seed, group, success, steps
+    # task, seed, group, success, steps, progress (the share of the first step's distance to done
+    # that the episode closed, in [0, 1]; None where the env reports no ``info["distance"]``)
+    episodes: list[dict[str, Any]] = field(default_factory=list)
     decisions: list[Decision] = field(default_factory=list)
     invalid_chunks: int = 0
+
+
+def progress(d0: float | None, d_end: float | None, success: bool) -> float | None:
+    """The share of its distance to done an episode closed: 1 - d_end / d0 clipped to [0, 1], where
+    d0 is the distance after the first step (the scene as the policy first moved it) and d_end after
+    the last; 1 on success. None without distances (an env that reports none)."""
+    if success:
+        return 1.0
+    if d0 is None or d_end is None:
+        return None
+    return float(np.clip(1.0 - float(d_end) / max(d0, 1e-6), 0.0, 1.0))
 
 
 @torch.no_grad()
@@ -61,7 +74,7 @@ def collect(
     for i, (slot, obs, (task, seed, group)) in enumerate(zip(slots, first, jobs, strict=True)):
         out.episodes.append({"task": task, "seed": seed, "group": group, "success": False, "steps": 0})
         runs.append({"i": i, "slot": slot, "obs": obs, "t": 0, "done": False,
-                     "chunker": ActionChunker(steps_per_chunk)})  # fmt: skip
+                     "chunker": ActionChunker(steps_per_chunk), "d0": None})  # fmt: skip
     while active := [r for r in runs if not r["done"]]:
         asking = [r for r in active if r["chunker"].needs_chunk()]
         if asking:
@@ -76,10 +89,13 @@ def collect(
         steps = pool.step([(r["slot"], r["chunker"].next_action().astype(np.float32)) for r in active])
         for r, (obs, _, terminated, truncated, info) in zip(active, steps, strict=True):
             r["obs"], r["t"] = obs, r["t"] + 1
+            if r["d0"] is None and "distance" in info:
+                r["d0"] = float(info["distance"])
             if terminated or truncated:
                 r["done"] = True
                 ep = out.episodes[r["i"]]
-                ep.update(success=bool(info.get("success", terminated)), steps=r["t"])
+                ok = bool(info.get("success", terminated))
+                ep.update(success=ok, steps=r["t"], progress=progress(r["d0"], info.get("distance"), ok))
                 if on_episode is not None:
                     on_episode(ep)
     return out

@@ -6,9 +6,11 @@ log-probabilities are the head's own (``rl_sample`` / ``rl_logprobs`` of its ser
     vla rl --policy runs/fast/final --out runs/fast_rl rl.iterations=40 rl.tasks=[push]
 
 One iteration (``RLConfig``): ``groups`` seeds x ``group_size`` rollouts sampled at
-``rl.temperature`` (tokens) or with ``rl.flow_sigma`` noise per denoising step (flow; ``rollout.collect``) -> rewards (the task's success, 0/1) -> group-relative
-advantages (``grpo.group_advantages``) -> ``rl.epochs`` passes of the clipped surrogate over the
-decisions of the informative groups (``grpo.clipped_loss``) -> a checkpoint.
+``rl.temperature`` (tokens) or with ``rl.flow_sigma`` noise per denoising step (flow;
+``rollout.collect``) -> rewards (the task's success, 0/1; failures shaped by their progress with
+``rl.progress_reward``) -> group-relative advantages (``grpo.group_advantages``) -> ``rl.epochs``
+passes of the clipped surrogate over the decisions of the informative groups
+(``grpo.clipped_loss``) -> a checkpoint.
 
 The run folder is a training run's: ``checkpoints/step_<iteration>/`` (a policy folder plus
 ``train_state``: the optimizer), ``metrics.jsonl`` (one row per iteration: rollout success by task,
@@ -47,6 +49,24 @@ from vlastack.train.state import atomic_write_text, load_state, save_state
 METRICS = "metrics.jsonl"
 STATE = "train_state"  # the optimizer's folder in a checkpoint; export_final leaves it out of final/
 START_VALIDATION = "validation_start.json"  # the start's greedy score on the validation seeds
+
+
+def episode_rewards(episodes: list[dict[str, Any]], progress_reward: float) -> torch.Tensor:
+    """Each episode's reward: 1 for a success; a failure earns ``progress_reward`` x its progress
+    (``rollout.progress``), 0 with the sparse reward. -> fp32 [E]. An env without distances cannot
+    shape: refused."""
+    out = []
+    for e in episodes:
+        if e["success"] or not progress_reward:
+            out.append(float(e["success"]))
+            continue
+        if e.get("progress") is None:
+            raise ValueError(
+                f"rl.progress_reward={progress_reward} shapes a failure by its distance to done, and "
+                f"task {e['task']!r}'s env reports none (info['distance']): set rl.progress_reward=0"
+            )
+        out.append(progress_reward * e["progress"])
+    return torch.tensor(out, dtype=torch.float32)
 
 
 def iteration_jobs(rl: Any, tasks: tuple[str, ...], it: int) -> list[tuple[str, int, int]]:
@@ -155,7 +175,8 @@ class RLRun:
             self.policy, self.pool, jobs, self.cfg.eval.steps_per_chunk, lambda b: self._draw(b, gen)
         )
         t1 = time.perf_counter()
-        rewards = torch.tensor([float(e["success"]) for e in ro.episodes])
+        success = torch.tensor([float(e["success"]) for e in ro.episodes])
+        rewards = episode_rewards(ro.episodes, rl.progress_reward)
         groups = torch.tensor([e["group"] for e in ro.episodes])
         adv, informative = group_advantages(rewards, groups)
         if not rl.drop_uniform_groups:
@@ -166,12 +187,13 @@ class RLRun:
         for e in ro.episodes:
             by_task.setdefault(e["task"], []).append(float(e["success"]))
         return {
-            "iteration": it, "success": float(rewards.mean()),
+            "iteration": it, "success": float(success.mean()),
             "success_by_task": {t: float(np.mean(v)) for t, v in by_task.items()},
             "episodes": len(ro.episodes), "decisions": len(ro.decisions), "decisions_used": len(used),
             "informative_groups": int(informative.view(rl.groups, rl.group_size)[:, 0].sum()),
             "invalid_chunks": ro.invalid_chunks, "mean_steps": float(np.mean([e["steps"] for e in ro.episodes])),
             "rollout_s": round(t1 - t0, 1), "update_s": round(time.perf_counter() - t1, 1), **stats,
+            **({"reward": float(rewards.mean())} if rl.progress_reward else {}),
         }  # fmt: skip
 
     def validate(self) -> dict[str, Any]:

@@ -70,6 +70,9 @@ class ReachMoving(Task):
     def key_positions(self) -> tuple[np.ndarray, np.ndarray]:
         return self._top(), self._top()
 
+    def distance(self) -> float:
+        return float(np.linalg.norm(self.core.ee_pos - self._top()))
+
 
 class ReachSwitch(Task):
     family = "reach_switch"
@@ -109,6 +112,9 @@ class ReachSwitch(Task):
 
     def key_positions(self) -> tuple[np.ndarray, np.ndarray]:
         return self._top(), self._top()
+
+    def distance(self) -> float:
+        return float(np.linalg.norm(self.core.ee_pos - self._top()))
 
 
 DYNAMIC_TASKS: dict[str, type[Task]] = {t.family: t for t in (ReachMoving, ReachSwitch)}

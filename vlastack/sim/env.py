@@ -14,6 +14,7 @@ representation, and its absolute target is exactly where its delta would move th
 both representations replay the same trajectories.
 An episode terminates on success (reward 1) and is truncated at the task's step limit, or as soon
 as it can no longer succeed (``Task.failed``: a fragile family's cup spilled, ``info["spilled"]``).
+``info["distance"]`` is how far the scene is from done, in metres (``Task.distance``).
 
 Privileged hooks: ``env.expert_action()`` is the scripted expert's next action, and
 ``env.privileged_state()`` the task's key object and goal positions (see ``sim/imitability.py``).
@@ -140,7 +141,12 @@ class BuiltinEnv(gym.Env):
         self.t += 1
         ok = self.task.success()
         truncated = (self.t >= self.max_steps or self.task.failed()) and not ok
-        info = {"task": self.task_name, "success": ok, **self.task.step_info()}
+        info = {
+            "task": self.task_name,
+            "success": ok,
+            "distance": self.task.distance(),
+            **self.task.step_info(),
+        }
         return self._obs(), float(ok), ok, truncated, info
 
     def expert_action(self) -> np.ndarray:

@@ -161,7 +161,10 @@ class MetaWorldEnv(gym.Env):
         self.t += 1
         ok = bool(info.get("success", 0.0) > 0.5)
         truncated = self.t >= self.max_steps and not ok
-        return self._obs(), float(reward), ok, truncated, {"task": self.task_name, "success": ok}
+        out = {"task": self.task_name, "success": ok}
+        if "obj_to_target" in info:  # Meta-World's own distance to done (the reach tasks: the hand's)
+            out["distance"] = float(info["obj_to_target"])
+        return self._obs(), float(reward), ok, truncated, out
 
     def expert_action(self) -> np.ndarray:
         """Meta-World's official scripted policy on the full state (privileged)."""

@@ -92,6 +92,13 @@ class Task:
         """Privileged: the two points the task is about (object, goal), each xyz [3] in metres."""
         raise NotImplementedError
 
+    def distance(self) -> float:
+        """How far the scene is from done, in metres: the object's distance to its goal (the reach
+        families: the gripper's to its target). The env reports it in every step's ``info``;
+        ``vla rl`` can shape its reward with it (``rl.progress_reward``)."""
+        obj, goal = self.key_positions()
+        return float(np.linalg.norm(obj - goal))
+
     def _phrase(self, rng: np.random.Generator, **kw) -> str:
         return self.phrasings[rng.integers(len(self.phrasings))].format(**kw)
 
@@ -147,6 +154,9 @@ class Reach(Task):
 
     def key_positions(self) -> tuple[np.ndarray, np.ndarray]:
         return self._top(), self._top()
+
+    def distance(self) -> float:
+        return float(np.linalg.norm(self.core.ee_pos - self._top()))
 
 
 class Push(Task):
@@ -204,6 +214,9 @@ class Push(Task):
 
     def key_positions(self) -> tuple[np.ndarray, np.ndarray]:
         return self.core.pos("block0"), self.core.pos("pad")
+
+    def distance(self) -> float:  # across the table, where success is judged
+        return float(np.linalg.norm(self.core.pos("block0")[:2] - self.core.pos("pad")[:2]))
 
 
 def _seg_dist(p: np.ndarray, a: np.ndarray, b: np.ndarray) -> float:
@@ -292,6 +305,10 @@ class Stack(Task):
 
     def key_positions(self) -> tuple[np.ndarray, np.ndarray]:
         return self.core.pos("block0"), self.core.pos("block1")
+
+    def distance(self) -> float:  # to where block0 rests when stacked: on block1's top
+        goal = self.core.pos("block1") + np.array([0.0, 0.0, 2 * BLOCK_HALF])
+        return float(np.linalg.norm(self.core.pos("block0") - goal))
 
 
 TASKS: dict[str, type[Task]] = {t.family: t for t in (Reach, Push, PickPlace, Stack)}
