@@ -197,6 +197,19 @@ def test_resume_equals_uninterrupted(rl_policy, tmp_path, monkeypatch):
     assert (tmp_path / "a" / "checkpoints" / "step_0000002" / "train_state").is_dir()
 
 
+@pytest.mark.parametrize("rl_policy", ["tokens"], indirect=True)
+def test_resume_trains_at_the_changed_lr(rl_policy, tmp_path, monkeypatch):
+    """The optimizer's saved state holds the first run's lr; a resume with rl.lr=... uses its own."""
+    _reward_from_samples(monkeypatch)
+    over = ["rl.groups=2", "rl.group_size=2", "rl.tasks=[reach]", "rl.lr=1e-3", "rl.weight_decay=0.0"]
+    RLRun(rl_policy, rl_config(rl_policy, ["rl.iterations=1", *over]), tmp_path).fit()
+    more = [*over, "rl.iterations=2", "rl.lr=5e-3", "rl.weight_decay=0.1"]
+    run = RLRun(rl_policy, rl_config(rl_policy, more), tmp_path, resume=True)
+    assert run.start == 1 and run.opt.state  # the optimizer's moments were loaded ...
+    assert all(g["lr"] == 5e-3 and g["weight_decay"] == 0.1 for g in run.opt.param_groups)  # ... not its lr
+    run.pool.close()
+
+
 @pytest.mark.parametrize("rl_policy", ["tokens"], indirect=True)  # the reward is the loop's, not the head's
 def test_progress_reward_trains_on_all_failure_groups(rl_policy, tmp_path):
     """The untrained micro policy fails every real episode: the sparse reward leaves nothing to

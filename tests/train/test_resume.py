@@ -44,6 +44,28 @@ def test_resume_is_bit_exact(tmp_path):
     assert any(not torch.equal(w0[k], we[k]) for k in w0)
 
 
+def test_resume_applies_changed_lr_and_weight_decay(tmp_path):
+    """The saved optimizer and scheduler hold the lr the run started with; a resume that changes
+    train.lr or train.weight_decay trains with the new values from its first step (it used to warn
+    "changed settings" and keep the old lr)."""
+    cfg = tiny_cfg(*OV, "train.warmup_steps=0")
+    ds = FakeDataset(cfg, n=24)
+    Trainer(cfg, run_dir=tmp_path, dataset=ds).fit(stop_after=2)
+    new = tiny_cfg(*OV, "train.warmup_steps=0", f"train.lr={cfg.train.lr * 3}", "train.weight_decay=0.5")
+    tr = Trainer(new, run_dir=tmp_path, dataset=ds, resume=True)
+    fresh = Trainer(new, run_dir=tmp_path / "fresh", dataset=ds)
+    fresh.scheduler.last_epoch = 2  # the uninterrupted schedule of the new settings at step 2
+    expected = fresh.scheduler.get_lr()
+    assert [g["lr"] for g in tr.optimizer.param_groups] == expected
+    assert [g["weight_decay"] for g in tr.optimizer.param_groups] == [
+        g["weight_decay"] for g in fresh.optimizer.param_groups
+    ] and any(g["weight_decay"] == 0.5 for g in tr.optimizer.param_groups)
+    assert tr.scheduler.base_lrs == [g["initial_lr"] for g in fresh.optimizer.param_groups]
+    tr.fit()
+    row = next(r for r in read_metrics(tmp_path / "metrics.jsonl") if r["step"] == 3)
+    assert row["train/lr"] == expected[0]  # the first resumed step ran at the new lr
+
+
 def test_checkpoint_layout_and_keep_last(tmp_path):
     cfg = tiny_cfg(*OV)
     Trainer(cfg, run_dir=tmp_path, dataset=FakeDataset(cfg)).fit()

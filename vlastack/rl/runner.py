@@ -120,6 +120,8 @@ class RLRun:
         if latest is not None:
             state = load_state(latest / STATE, "rl")
             self.opt.load_state_dict(state["optimizer"])
+            for g in self.opt.param_groups:  # the saved state holds the run's first lr: these settings win
+                g["lr"], g["weight_decay"] = self.rl.lr, self.rl.weight_decay
             self.start = int(state["iteration"])
         self.tasks = suite_tasks(cfg.eval.suite, self.rl.tasks or tuple(cfg.eval.tasks))
         self.pool = make_pool(rollout_env_kw(cfg), self.rl.env_workers, self.rl.ray_address)

@@ -341,6 +341,17 @@ class Trainer:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             save_yaml(cfg, self.run_dir / "config.yaml")
 
+    def _apply_settings(self, fresh: list[tuple[float, float]]) -> None:
+        """After loading a checkpoint: this run's (base lr, weight decay) per group, the lr at the
+        resumed step on this run's schedule. The saved optimizer and scheduler carry the settings
+        the run started with, so a resume with train.lr=... would otherwise keep the old lr while
+        its log says the setting changed. Unchanged settings give back the saved numbers exactly."""
+        self.scheduler.base_lrs = [lr for lr, _ in fresh]
+        now = self.scheduler.get_lr()
+        for g, (lr, wd), cur in zip(self.optimizer.param_groups, fresh, now, strict=True):
+            g["initial_lr"], g["base_lr"], g["weight_decay"], g["lr"] = lr, lr, wd, cur
+        self.scheduler._last_lr = list(now)
+
     def _concrete_precision(self, cfg: Config, resume: bool, verbose: bool) -> Config:
         """``train.precision: auto`` measured once (rank 0's choice for every rank), or the resumed
         checkpoint's precision; the run's config.yaml records the result."""
@@ -478,6 +489,8 @@ class Trainer:
                 "checkpoints resume on any number)"
             )
         t = self.cfg.train
+        # this run's lr and weight decay per group, which loading the saved state would replace
+        fresh = [(g["initial_lr"], g["weight_decay"]) for g in self.optimizer.param_groups]
         if sharded:
             sd.load_sharded(path, self.model, self.optimizer, self.ema)
         else:
@@ -492,6 +505,7 @@ class Trainer:
             sd.set_full_model_state(self.model, full, self.fsdp)
             sd.set_full_optim_state(self.model, self.optimizer, state["optimizer"], self.fsdp)
         self.scheduler.load_state_dict(state["scheduler"])
+        self._apply_settings(fresh)
         if self.scaler is not None and state["scaler"]:
             self.scaler.load_state_dict(state["scaler"])
         rank_file = path / "train_state" / f"rank{self.dist.rank}.json"
