@@ -312,7 +312,7 @@ def cmd_eval(args: argparse.Namespace) -> None:
     from torch.utils.data import default_collate
 
     from vlastack.data.samples import make_dataset
-    from vlastack.models.heads.tokens.serving import parse_decoding
+    from vlastack.models.heads.serving import parse_decoding
     from vlastack.sim.evaluate import evaluate
     from vlastack.sim.policies import Checkpoint
 

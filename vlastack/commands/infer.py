@@ -16,7 +16,7 @@ def _policy_args(p: argparse.ArgumentParser) -> None:
 def _serve(args: argparse.Namespace) -> int:
     from vlastack.infer.policy import Policy
     from vlastack.infer.server import PolicyServer, run
-    from vlastack.models.heads.tokens.serving import parse_decoding
+    from vlastack.models.heads.serving import parse_decoding
 
     if args.max_batch < 1 or args.max_message_mb <= 0:
         raise ValueError("--max-batch must be >= 1 and --max-message-mb > 0")
@@ -146,7 +146,8 @@ def register(sub, groups) -> None:
         default=[],
         metavar="KEY=VALUE",
         help="token heads: temperature, top_p, max_decode_steps, invalid_decode (zero|repeat_last), "
-        "constrained, exact_length (repeatable; see docs/model.md)",
+        "constrained, exact_length; flow heads: step_noise, noise_scale, num_denoise_steps "
+        "(repeatable; see docs/model.md)",
     )
     p.add_argument(
         "--guidance",

@@ -147,7 +147,8 @@ def register(sub, groups) -> None:
         action="append",
         default=[],
         metavar="KEY=VALUE",
-        help="token heads' decoding options, as `vla serve --decode` (docs/model.md)",
+        help="decoding options of token heads (temperature, ...) and flow heads (step_noise, ...), "
+        "as `vla serve --decode` (docs/model.md)",
     )
     add_config_args(e)
     e.set_defaults(func=_eval)
@@ -266,12 +267,12 @@ def _eval(args: argparse.Namespace) -> int:
             )
         steps_per_chunk = horizon
     if args.decode:
-        from vlastack.models.heads.tokens.serving import parse_decoding
+        from vlastack.models.heads.serving import parse_decoding
         from vlastack.sim.policies import Checkpoint
 
         decoding = tuple(parse_decoding(args.decode).items())
         if spec in ("random", "expert"):
-            raise ValueError("--decode applies to a token-head checkpoint, not a baseline policy")
+            raise ValueError("--decode applies to a checkpoint's head, not a baseline policy")
         spec = Checkpoint(spec, decoding)
     suite = pick(args.suite, ec.suite)
     image_size = pick(args.image_size, ec.image_size)

@@ -56,6 +56,10 @@ class FlowOptions:
     # Sampling temperature: the flow starts from noise_scale * N(0, I). 1 samples the learned
     # distribution; < 1 moves toward its mode, which helps small, under-trained policies.
     noise_scale: float = 1.0
+    # Noise added at every Euler step, x sqrt(1/n): the stochastic sampler `vla rl` trains
+    # (rl.flow_sigma, models/heads/flow/rl.py). 0 = the deterministic sampler (openpi's, LeRobot's).
+    # A serving choice: `vla eval --decode step_noise=0.3`.
+    step_noise: float = 0.0
     # Periods of the sinusoidal flow-time embedding (openpi's values).
     time_min_period: float = 4e-3
     time_max_period: float = 4.0
@@ -64,6 +68,7 @@ class FlowOptions:
         _check(self.variant in ("pi0", "pi05"), "variant", f"must be 'pi0' or 'pi05', got {self.variant!r}")
         _positive(self, "num_denoise_steps")
         _check(self.noise_scale >= 0, "noise_scale", f"must be >= 0, got {self.noise_scale}")
+        _check(self.step_noise >= 0, "step_noise", f"must be >= 0 (0 = deterministic), got {self.step_noise}")
         _check(self.time_min_period > 0, "time_min_period", "must be > 0")
         _check(self.time_max_period > self.time_min_period, "time_max_period", "must exceed time_min_period")
 

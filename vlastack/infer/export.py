@@ -146,6 +146,11 @@ def export_policy(
         raise ValueError(f"--format must be one of {sorted(FORMATS)}, got {fmt!r}")
     c = policy.cfg
     policy.model.head.check_exportable()
+    if getattr(c.head_options, "step_noise", 0) > 0:  # the graph's only randomness is its noise input
+        raise ValueError(
+            f"the exported sampler takes its noise as an input and adds none per step; this policy "
+            f"samples with head_options.step_noise={c.head_options.step_noise}: export it with step_noise=0"
+        )
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     path = out / FORMATS[fmt]

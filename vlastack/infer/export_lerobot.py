@@ -66,6 +66,12 @@ def export_lerobot(policy_folder: str | Path, out: str | Path) -> Path:
             f"{folder}: trained with model.advantage_conditioning (RECAP): LeRobot's pi0/pi05 processors "
             "do not write the 'Advantage: positive' line its prompts need; serve it with `vla serve`"
         )
+    if cfg.head_options.step_noise > 0:  # LeRobot's sampler is the deterministic one
+        raise ValueError(
+            f"{folder}: samples with model.head_options.step_noise={cfg.head_options.step_noise}, which "
+            "LeRobot's pi0/pi05 Euler sampler does not add; export its weights with step_noise=0 in its "
+            "config.yaml (they are the same weights), or serve it with `vla serve`"
+        )
     modes, stats, eps = _norm(folder)
     out.mkdir(parents=True, exist_ok=True)
 

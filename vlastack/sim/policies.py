@@ -28,8 +28,9 @@ PolicySpec = str | Callable[[], Any]
 
 @dataclass(frozen=True)
 class Checkpoint:
-    """A checkpoint folder plus ``Policy`` decoding options (``DECODING_KEYS``: temperature,
-    invalid_decode, exact_length...) as (key, value) pairs; picklable, built in each worker."""
+    """A checkpoint folder plus ``Policy`` decoding options (its head's ``DECODING``: a token
+    head's temperature, invalid_decode..., a flow head's step_noise...) as (key, value) pairs;
+    picklable, built in each worker."""
 
     path: str
     decoding: tuple[tuple[str, str], ...] = ()

@@ -80,7 +80,8 @@ def check_dataset_fits(dataset, cfg: Config) -> list[str]:
 # images are resized, the prompt length, the chunk length, the sampler or what actions mean.
 FREE_WHEN_FINE_TUNING = (
     "camera_names", "image_resize", "max_text_len", "action_horizon", "head_options.num_denoise_steps",
-    "head_options.noise_scale", "tokenizer", "action_representation", "advantage_conditioning",
+    "head_options.noise_scale", "head_options.step_noise", "tokenizer", "action_representation",
+    "advantage_conditioning",
 )  # fmt: skip
 
 

@@ -40,6 +40,9 @@ GROUNDED: dict[str, type[ActionHead]] = {
 HeadServing.ALL_OPTIONS = {
     k: v for spec in HEAD_SPECS.values() for k, v in resolve(spec.serving).OPTIONS.items()
 }
+HeadServing.ALL_DECODING = tuple(
+    sorted({k for spec in HEAD_SPECS.values() for k in resolve(spec.serving).DECODING})
+)
 
 __all__ = [
     "GROUNDED",

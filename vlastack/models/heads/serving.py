@@ -20,6 +20,35 @@ from torch import Tensor
 from vlastack.nn.compile import allow_recompiles
 
 
+def parse_decoding(items: list[str]) -> dict[str, str]:
+    """``--decode KEY=VALUE`` arguments (`vla serve`, `vla eval`) -> {key: value}. Keys are checked
+    against every head's ``DECODING`` here, against the policy's own head and values when they are
+    applied (``set_decoding``)."""
+    known = sorted(HeadServing.ALL_DECODING)
+    pairs = [kv.split("=", 1) for kv in items]
+    bad = [kv for kv, p in zip(items, pairs, strict=True) if len(p) != 2 or p[0] not in known]
+    if bad:
+        raise ValueError(f"--decode takes KEY=VALUE with KEY one of {known}, got {bad}")
+    return dict(pairs)
+
+
+def set_decoding(model: torch.nn.Module, options: dict[str, Any], keys: tuple[str, ...]) -> None:
+    """Change a head's decoding options (``model.head_options.<key>``, one of ``keys``, its serving
+    class's ``DECODING``; values may be strings, as from ``vla serve --decode top_p=0.9``), checked
+    like any config key."""
+    from vlastack.config import Config, EvalConfig, apply_overrides
+
+    cfg = model.cfg
+    if not keys:
+        raise ValueError(f"head {cfg.head!r} has no decoding options (token heads and flow heads do)")
+    bad = sorted(set(options) - set(keys))
+    if bad:
+        raise ValueError(f"unknown decoding option(s) {bad} for head {cfg.head!r}; known: {list(keys)}")
+    top = Config(model=cfg, eval=EvalConfig(steps_per_chunk=min(8, cfg.action_horizon)))
+    new = apply_overrides(top, [f"model.head_options.{k}={v}" for k, v in options.items()]).model
+    model.cfg = model.head.cfg = new
+
+
 class HeadServing:
     """Plain sampling through ``model.sample``; every optional capability refuses.
 
@@ -28,11 +57,16 @@ class HeadServing:
     when serving, never imported (models/ sits below infer/)."""
 
     OPTIONS: ClassVar[dict[str, Any]] = {}  # this head's serving options and their defaults
-    # Serving options of every head (filled by models/heads/__init__.py from the registry).
+    # model.head_options keys a server may change (option "decoding": {key: value}; set_decoding)
+    DECODING: ClassVar[tuple[str, ...]] = ()
+    # Serving options and decoding keys of every head (filled by models/heads/__init__.py).
     ALL_OPTIONS: ClassVar[dict[str, Any]] = {}
+    ALL_DECODING: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, policy: Any, compile: bool = False, **options: Any) -> None:
         self.policy = policy
+        if options.get("decoding") and "decoding" in self.OPTIONS:  # first: they shape compiled steps
+            set_decoding(policy.model, options["decoding"], self.DECODING)  # Policy re-reads model.cfg
         for key, value in options.items():
             if key in self.OPTIONS:
                 continue

@@ -294,7 +294,7 @@ class FlowHead(HeadBase):
         """Euler integration from t=1 (noise) to t=0. -> ActionOutput(actions fp32 [B, H, A], None).
         ``noise_scale``: this call's temperature instead of the config's (bidirectional decoding
         samples candidates at 1 from a policy whose recipe samples its mode, at 0). ``generator``
-        draws the noise when none is given.
+        draws the noise when none is given, and ``head_options.step_noise``'s per-step noise.
 
         Fixed shapes and no host syncs: compilable without graph breaks (the loop unrolls).
         """
@@ -307,9 +307,12 @@ class FlowHead(HeadBase):
         x = x * (c.head_options.noise_scale if noise_scale is None else noise_scale)  # noise: standard normal
         cache, positions, mask, state = self.prefill(backbone, batch, cache)
         dt = -1.0 / n
+        sigma = c.head_options.step_noise * math.sqrt(-dt)  # 0: deterministic (the default)
         for i in range(n):
             t = torch.full((b,), 1.0 + i * dt, device=device)
             x = x + dt * self.denoise_step(backbone, cache, state, x, t, positions, mask)
+            if sigma:  # the stochastic sampler vla rl trains (flow/rl.py's flow_sample)
+                x = x + sigma * torch.randn(shape, device=device, generator=generator)
         return ActionOutput(x)
 
     def uncached_state(self, backbone: Backbone, prefix: Tensor, prefix_pad: Tensor, state: Tensor) -> Tensor:

@@ -33,7 +33,11 @@ class FlowServing(HeadServing):
         "guidance": "vjp",  # inference-time RTC: through the VJP (the paper's) or identity (LeRobot's)
         "bid_samples": 8,  # bidirectional decoding: candidates per request
         "bid_noise_scale": 1.0,  # ... sampled at this temperature (the recipe's may be 0)
+        "decoding": None,  # {key: value} of DECODING (model.head_options)
     }
+    # the sampler's model.head_options a server may change: per-step noise (the stochastic sampler
+    # vla rl trains), the start's temperature, the Euler steps
+    DECODING = ("step_noise", "noise_scale", "num_denoise_steps")
 
     def __init__(self, policy: Any, compile: bool = False, **options: Any) -> None:
         self.fast_sampler = None
@@ -60,6 +64,11 @@ class FlowServing(HeadServing):
         return flow_logprobs(model, batch, sampled, rl.flow_sigma, self.policy.action_dim, rl.flow_logp_steps)
 
     def check_options(self) -> None:
+        if self.fast and self.policy.model.cfg.head_options.step_noise > 0:
+            raise ValueError(
+                "head_options.step_noise > 0 samples with noise at every step; the fast path's static "
+                "sampler is deterministic: serve without fast=True, or with step_noise=0"
+            )
         if self.guidance_max <= 0:
             raise ValueError(f"guidance_max must be > 0, got {self.guidance_max}")
         if self.guidance not in GUIDANCE_MODES:
@@ -121,6 +130,8 @@ class FlowServing(HeadServing):
     def rtc_methods(self) -> tuple[str, ...]:  # type: ignore[override]
         # training-time RTC feeds one flow time per action token, which pi05's adaptive norms lack
         both = ("rtc_inference", "rtc_training", "bid")
+        if self.policy.model.cfg.head_options.step_noise > 0:  # their samplers have no per-step noise
+            return ()
         return tuple(m for m in both if m != "rtc_training" or not self.policy.cfg.adarms)
 
     def answer_prefix(
@@ -138,6 +149,11 @@ class FlowServing(HeadServing):
         longer than the prefix is clipped to it (the old chunk ran out)."""
         p = self.policy
         c, head = p.cfg, p.model.head
+        if c.head_options.step_noise > 0:
+            raise ValueError(
+                "real-time chunking and BID sample without per-step noise: this policy serves with "
+                f"head_options.step_noise={c.head_options.step_noise}; serve it with step_noise=0"
+            )
         methods = {o.rtc_method for o in obs_list}
         assert len(methods) == 1, methods  # Policy.infer_results groups them
         b, h, a_env = len(obs_list), c.action_horizon, p.action_dim

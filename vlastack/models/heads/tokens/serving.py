@@ -24,41 +24,11 @@ from vlastack.models.heads.tokens.rl import token_logprobs
 DECODING_KEYS = ("temperature", "top_p", "max_decode_steps", "invalid_decode", "constrained", "exact_length")
 
 
-def parse_decoding(items: list[str]) -> dict[str, str]:
-    """``--decode KEY=VALUE`` arguments (`vla serve`, `vla eval`) -> {key: value}; keys are
-    checked here, values when they are applied (``set_decoding``)."""
-    pairs = [kv.split("=", 1) for kv in items]
-    bad = [kv for kv, p in zip(items, pairs, strict=True) if len(p) != 2 or p[0] not in DECODING_KEYS]
-    if bad:
-        raise ValueError(f"--decode takes KEY=VALUE with KEY one of {list(DECODING_KEYS)}, got {bad}")
-    return dict(pairs)
-
-
-def set_decoding(model: torch.nn.Module, options: dict[str, Any]) -> None:
-    """Change a token head's decoding options (``model.head_options.<key>``, one of
-    ``DECODING_KEYS``; values may be strings, as from ``vla serve --decode top_p=0.9``), checked
-    like any config key."""
-    from vlastack.config import Config, EvalConfig, apply_overrides
-
-    cfg = model.cfg
-    if not cfg.head_spec.action_tokens:
-        raise ValueError(
-            f"decoding options apply to action-token heads (model.head=tokens), not {cfg.head!r}"
-        )
-    bad = sorted(set(options) - set(DECODING_KEYS))
-    if bad:
-        raise ValueError(f"unknown decoding option(s) {bad}; known: {list(DECODING_KEYS)}")
-    top = Config(model=cfg, eval=EvalConfig(steps_per_chunk=min(8, cfg.action_horizon)))
-    new = apply_overrides(top, [f"model.head_options.{k}={v}" for k, v in options.items()]).model
-    model.cfg = model.head.cfg = new
-
-
 class TokenServing(HeadServing):
     OPTIONS: ClassVar[dict[str, Any]] = {"decoding": None}  # {key: value} of DECODING_KEYS
+    DECODING = DECODING_KEYS
 
     def __init__(self, policy: Any, compile: bool = False, **options: Any) -> None:
-        if options.get("decoding"):  # before compiling: the options shape the decode step
-            set_decoding(policy.model, options["decoding"])  # Policy re-reads model.cfg after
         super().__init__(policy, compile=compile, **options)
         self.invalid_decode = policy.model.cfg.head_options.invalid_decode
         self.stats = {"chunks": 0, "invalid": 0, "repeated": 0}
