@@ -10,6 +10,10 @@
     # 3. all three on the test seeds (1e6.., the heads bench's, never seen in tuning), paired by seed
     python bench/rl.py record --name fast_s2 --start runs/heads/fast_nobpe_h4_sigma2_s2/final/ema \
         --rl runs/rl/fast_s2_grpo --baseline runs/rl/fast_s2_imitation --episodes 400
+    # a sampling choice (a flow head's per-step noise) is picked on the validation seeds, for every
+    # policy alike, then `record --decode` scores every row with it
+    python bench/rl.py validate --policy runs/rl/flow_grpo/final --out runs/rl/flow_grpo/eval_val \
+        --decode step_noise=0.3 --episodes 200
 
 RECAP (``vla recap``, the offline alternative) goes through the same baseline and test seeds:
 
@@ -46,6 +50,7 @@ from vlastack.labs._core import cpu_flags  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results" / "rl.json"
 TEST_SEED = 1_000_000
+VALIDATION_SEED = 2_000_000  # vla rl's rl.eval_seed: disjoint from data, test and rollout seeds
 
 
 def cmd_imitate(args: argparse.Namespace) -> None:
@@ -68,23 +73,40 @@ def cmd_imitate(args: argparse.Namespace) -> None:
     raise SystemExit(rc)
 
 
-def _score(policy: Path, episodes: int, out: Path, batch_episodes: int | None = None) -> dict:
-    """The greedy policy on the test seeds, as bench/heads.py scores heads (re-planning as its
-    config says, ``batch_episodes`` episodes per worker side by side, by default its config's);
-    kept in ``out`` and reused."""
+def _score(
+    policy: Path,
+    episodes: int,
+    out: Path,
+    batch_episodes: int | None = None,
+    decoding: tuple[tuple[str, str], ...] = (),
+    seed: int = TEST_SEED,
+) -> dict:
+    """The policy on the test seeds (``seed``: others for validation), as bench/heads.py scores
+    heads (re-planning as its config says, ``batch_episodes`` episodes per worker side by side, by
+    default its config's), sampling as its config says or with ``decoding`` (e.g. a flow head's
+    step_noise: then ``out`` gets the options as a suffix); kept in ``out`` and reused."""
     from vlastack.config import load_yaml
     from vlastack.sim.evaluate import evaluate
+    from vlastack.sim.policies import Checkpoint
 
+    out = out.with_name(out.name + "".join(f"_{k}={v}" for k, v in decoding))
     done = out / "eval.json"
     if done.exists():
         res = json.loads(done.read_text())
-        if res["config"]["episodes"] == episodes and res["config"]["seed"] == TEST_SEED:
+        if res["config"]["episodes"] == episodes and res["config"]["seed"] == seed:
             return res
     cfg = load_yaml(policy / "config.yaml")
-    return evaluate(str(policy), cfg.eval, suite="builtin", episodes=episodes, seed=TEST_SEED,
+    spec = Checkpoint(str(policy), decoding) if decoding else str(policy)
+    return evaluate(spec, cfg.eval, suite="builtin", episodes=episodes, seed=seed,
                     seed_scheme="spread", num_workers=2, temporal_ensemble=0.0, videos=0,
                     cameras=cfg.model.camera_names, out_dir=out,
                     batch_episodes=batch_episodes or cfg.eval.batch_episodes)  # fmt: skip
+
+
+def _decoding(args: argparse.Namespace) -> tuple[tuple[str, str], ...]:
+    from vlastack.models.heads.serving import parse_decoding
+
+    return tuple(parse_decoding(getattr(args, "decode", [])).items())
 
 
 def _ema(policy: Path) -> Path:
@@ -115,7 +137,7 @@ def paired(a: dict, b: dict) -> dict:
 
 def _baseline(run: Path, ours: dict, label: str, args: argparse.Namespace) -> dict:
     """An imitation run (``imitate --out``) scored on the test seeds and paired with ``ours``."""
-    res = _score(_ema(run / "final"), args.episodes, run / "eval_test", args.batch_episodes)
+    res = _score(_ema(run / "final"), args.episodes, run / "eval_test", args.batch_episodes, _decoding(args))
     cpu = json.loads((run / "cpu.json").read_text())
     return {"run": str(run), "cpu_h": round(cpu["cpu_s"] / 3600, 3), "argv": cpu["argv"],
             "test": _summary(res), f"{label}_minus_baseline": paired(ours, res)}  # fmt: skip
@@ -138,17 +160,19 @@ def cmd_record(args: argparse.Namespace) -> None:
     base_run, *more_runs = (Path(b) for b in args.baseline)
     rows = [json.loads(x) for x in (rl_run / "metrics.jsonl").read_text().splitlines() if x.strip()]
     cfg = load_yaml(rl_run / "config.yaml")
+    dec = _decoding(args)  # every row samples the same way
     evals = {
-        "start": _score(start, args.episodes, rl_run / "eval_start", args.batch_episodes),
+        "start": _score(start, args.episodes, rl_run / "eval_start", args.batch_episodes, dec),
         "rl": _score(
             rl_run / args.pick,
             args.episodes,
             rl_run / {"final": "eval_test", "best": "eval_test_best"}[args.pick],
             args.batch_episodes,
+            dec,
         ),
         # its EMA weights where it kept them, as bench/heads.py scores every trained head
         "imitation": _score(
-            _ema(base_run / "final"), args.episodes, base_run / "eval_test", args.batch_episodes
+            _ema(base_run / "final"), args.episodes, base_run / "eval_test", args.batch_episodes, dec
         ),
     }
     base_cpu = json.loads((base_run / "cpu.json").read_text())
@@ -157,6 +181,7 @@ def cmd_record(args: argparse.Namespace) -> None:
         "environment": environment(),
         "cpu_flags": cpu_flags(),
         "start": str(start),
+        "decoding": dict(dec),  # how every row sampled ({}: as each policy's config says)
         "method": cfg.rl.method,
         "rl": {k: v for k, v in vars(cfg.rl).items()},
         # best/: the iteration the validation seeds picked (vla rl's best.json); the CPU-hours are
@@ -253,6 +278,23 @@ def cmd_record_recap(args: argparse.Namespace) -> None:
     print(f"wrote {RESULTS}")
 
 
+def cmd_validate(args: argparse.Namespace) -> None:
+    """A sampling choice (``--decode``) for one policy, scored on the validation seeds (2e6.., vla
+    rl's) and kept in rl.json ``validation_trials``: the test seeds never pick a setting."""
+    dec = _decoding(args)
+    policy = Path(args.policy)
+    res = _score(policy, args.episodes, Path(args.out), args.batch_episodes, dec, seed=VALIDATION_SEED)
+    trial = {"date": datetime.date.today().isoformat(), "policy": str(policy), "decoding": dict(dec),
+             "seed": VALIDATION_SEED, **_summary(res), "cpu_flags": cpu_flags()}  # fmt: skip
+    data = json.loads(RESULTS.read_text()) if RESULTS.exists() else {"runs": {}}
+    trials = [t for t in data.get("validation_trials", [])
+              if (t["policy"], t["decoding"], t["n"]) != (trial["policy"], trial["decoding"], trial["n"])]  # fmt: skip
+    data["validation_trials"] = [*trials, trial]
+    RESULTS.write_text(json.dumps(data, indent=1, default=str) + "\n")
+    tasks = ", ".join(f"{n} {v['success']:.2f}" for n, v in trial["tasks"].items())
+    print(f"{policy} {dict(dec) or 'as configured'}: {trial['success']:.3f} {trial['ci95']} ({tasks})")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -289,8 +331,22 @@ def main() -> None:
         help="score the run's last policy, or the one its validation seeds picked (best/)",
     )
     r.add_argument("--start-val", default=None, help="JSON: the start on the validation seeds")
+    r.add_argument(
+        "--decode",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="sample every row this way (vla eval --decode; e.g. step_noise=0.3), chosen by `validate`",
+    )
     r.add_argument("--note", default="", help="what the run tried, in words")
     r.set_defaults(func=cmd_record)
+    v = sub.add_parser("validate", help="one policy and sampling choice on the validation seeds -> rl.json")
+    v.add_argument("--policy", required=True)
+    v.add_argument("--out", required=True, help="the evaluation's folder (reused when it is complete)")
+    v.add_argument("--decode", action="append", default=[], metavar="KEY=VALUE")
+    v.add_argument("--episodes", type=int, default=200)
+    v.add_argument("--batch-episodes", type=int, default=None)
+    v.set_defaults(func=cmd_validate)
     c = sub.add_parser("record-recap", help="score start / RECAP / baselines on the test seeds -> rl.json")
     c.add_argument("--name", required=True)
     c.add_argument("--start", required=True)
