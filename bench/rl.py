@@ -103,10 +103,20 @@ def _score(
                     batch_episodes=batch_episodes or cfg.eval.batch_episodes)  # fmt: skip
 
 
-def _decoding(args: argparse.Namespace) -> tuple[tuple[str, str], ...]:
+def _decoding(args: argparse.Namespace, policy: Path | None = None) -> tuple[tuple[str, str], ...]:
+    """How ``policy`` samples in a record: ``--decode`` for every row, or with
+    ``--decode-from-validation`` the choice its own validation trials scored best (``validate``;
+    a tie goes to the least step noise, the configured sampler first)."""
     from vlastack.models.heads.serving import parse_decoding
 
-    return tuple(parse_decoding(getattr(args, "decode", [])).items())
+    if not getattr(args, "decode_from_validation", False) or policy is None:
+        return tuple(parse_decoding(getattr(args, "decode", [])).items())
+    data = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
+    trials = [t for t in data.get("validation_trials", []) if t["policy"] == str(policy)]
+    if not trials:
+        raise SystemExit(f"--decode-from-validation: no validation trial of {policy} (bench/rl.py validate)")
+    best = max(trials, key=lambda t: (t["success"], -float(t["decoding"].get("step_noise", 0))))
+    return tuple(best["decoding"].items())
 
 
 def _ema(policy: Path) -> Path:
@@ -137,9 +147,10 @@ def paired(a: dict, b: dict) -> dict:
 
 def _baseline(run: Path, ours: dict, label: str, args: argparse.Namespace) -> dict:
     """An imitation run (``imitate --out``) scored on the test seeds and paired with ``ours``."""
-    res = _score(_ema(run / "final"), args.episodes, run / "eval_test", args.batch_episodes, _decoding(args))
+    dec = _decoding(args, _ema(run / "final"))
+    res = _score(_ema(run / "final"), args.episodes, run / "eval_test", args.batch_episodes, dec)
     cpu = json.loads((run / "cpu.json").read_text())
-    return {"run": str(run), "cpu_h": round(cpu["cpu_s"] / 3600, 3), "argv": cpu["argv"],
+    return {"run": str(run), "cpu_h": round(cpu["cpu_s"] / 3600, 3), "argv": cpu["argv"], "decoding": dict(dec),
             "test": _summary(res), f"{label}_minus_baseline": paired(ours, res)}  # fmt: skip
 
 
@@ -160,28 +171,21 @@ def cmd_record(args: argparse.Namespace) -> None:
     base_run, *more_runs = (Path(b) for b in args.baseline)
     rows = [json.loads(x) for x in (rl_run / "metrics.jsonl").read_text().splitlines() if x.strip()]
     cfg = load_yaml(rl_run / "config.yaml")
-    dec = _decoding(args)  # every row samples the same way
-    evals = {
-        "start": _score(start, args.episodes, rl_run / "eval_start", args.batch_episodes, dec),
-        "rl": _score(
-            rl_run / args.pick,
-            args.episodes,
-            rl_run / {"final": "eval_test", "best": "eval_test_best"}[args.pick],
-            args.batch_episodes,
-            dec,
-        ),
-        # its EMA weights where it kept them, as bench/heads.py scores every trained head
-        "imitation": _score(
-            _ema(base_run / "final"), args.episodes, base_run / "eval_test", args.batch_episodes, dec
-        ),
-    }
+    # its EMA weights where it kept them, as bench/heads.py scores every trained head
+    policies = {"start": start, "rl": rl_run / args.pick, "imitation": _ema(base_run / "final")}
+    dec = {k: _decoding(args, p) for k, p in policies.items()}  # how each row samples
+    outs = {"start": rl_run / "eval_start", "rl": rl_run / {"final": "eval_test", "best": "eval_test_best"}[args.pick],
+            "imitation": base_run / "eval_test"}  # fmt: skip
+    evals = {k: _score(p, args.episodes, outs[k], args.batch_episodes, dec[k]) for k, p in policies.items()}
     base_cpu = json.loads((base_run / "cpu.json").read_text())
     record = {
         "date": datetime.date.today().isoformat(),
         "environment": environment(),
         "cpu_flags": cpu_flags(),
         "start": str(start),
-        "decoding": dict(dec),  # how every row sampled ({}: as each policy's config says)
+        # how each row sampled ({}: as its config says), and whether its validation trials chose it
+        "decoding": {k: dict(v) for k, v in dec.items()},
+        "decoding_from_validation": bool(args.decode_from_validation),
         "method": cfg.rl.method,
         "rl": {k: v for k, v in vars(cfg.rl).items()},
         # best/: the iteration the validation seeds picked (vla rl's best.json); the CPU-hours are
@@ -337,6 +341,11 @@ def main() -> None:
         default=[],
         metavar="KEY=VALUE",
         help="sample every row this way (vla eval --decode; e.g. step_noise=0.3), chosen by `validate`",
+    )
+    r.add_argument(
+        "--decode-from-validation",
+        action="store_true",
+        help="each row samples as its own best validation trial (`validate`) says",
     )
     r.add_argument("--note", default="", help="what the run tried, in words")
     r.set_defaults(func=cmd_record)
