@@ -136,6 +136,26 @@ class WarmupCosine(torch.optim.lr_scheduler.LRScheduler):
         return {k: v for k, v in super().state_dict().items() if k not in ("tcfg", "optimizer")}
 
 
+def run_settings(optimizer: torch.optim.Optimizer) -> list[tuple[float, float]]:
+    """(base lr, weight decay) per group, as this run's config set them (before a resume loads the
+    saved state over them)."""
+    return [(g["initial_lr"], g["weight_decay"]) for g in optimizer.param_groups]
+
+
+def put_settings(
+    optimizer: torch.optim.Optimizer, scheduler: WarmupCosine, settings: list[tuple[float, float]]
+) -> None:
+    """After loading a checkpoint: this run's (base lr, weight decay) per group, and the lr at the
+    resumed step on this run's schedule. The saved optimizer and scheduler carry the settings the
+    run started with, so a resume with train.lr=... would otherwise keep the old lr while its log
+    says the setting changed. Unchanged settings give back the saved numbers exactly."""
+    scheduler.base_lrs = [lr for lr, _ in settings]
+    now = scheduler.get_lr()
+    for g, (lr, wd), cur in zip(optimizer.param_groups, settings, now, strict=True):
+        g["initial_lr"], g["base_lr"], g["weight_decay"], g["lr"] = lr, lr, wd, cur
+    scheduler._last_lr = list(now)
+
+
 class EMA:
     """Exponential moving average of the trainable parameters, kept in fp32.
 

@@ -38,7 +38,7 @@ from vlastack.progress import Progress
 from vlastack.train import checkpoint as ck
 from vlastack.train import sharded as sd
 from vlastack.train.logs import RunLogger, peak_memory_mb, plot_loss
-from vlastack.train.optim import EMA, WarmupCosine, build_optimizer, freeze_parts
+from vlastack.train.optim import EMA, WarmupCosine, build_optimizer, freeze_parts, put_settings, run_settings
 from vlastack.train.parallel import (
     apply_activation_checkpointing,
     apply_compile,
@@ -76,8 +76,7 @@ def check_dataset_fits(dataset, cfg: Config) -> list[str]:
     return warnings
 
 
-# Model fields that shape no weight: a fine-tune may rename cameras (a new robot), change how
-# images are resized, the prompt length, the chunk length, the sampler or what actions mean.
+# Model fields that shape no weight, which a fine-tune may change (cameras, sizes, sampler, actions).
 FREE_WHEN_FINE_TUNING = (
     "camera_names", "image_resize", "max_text_len", "action_horizon", "head_options.num_denoise_steps",
     "head_options.noise_scale", "head_options.step_noise", "tokenizer", "action_representation",
@@ -113,9 +112,8 @@ def check_normalizer_fits(normalizer: Normalizer | ExactNormalizer, dataset, ini
         dim, have = stat_dim(normalizer, key), getattr(dataset, attr, None)
         if dim is not None and have is not None and dim != have:
             raise ValueError(
-                f"data.norm_stats=init_from: {init_from}'s {key} statistics have {dim} dims but the "
-                f"dataset's {key} has {have}; the checkpoint was trained for another robot: use "
-                "data.norm_stats=dataset"
+                f"data.norm_stats=init_from: {init_from}'s {key} statistics have {dim} dims, the data "
+                f"{have}: the checkpoint was trained for another robot; use data.norm_stats=dataset"
             )
 
 
@@ -342,17 +340,6 @@ class Trainer:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             save_yaml(cfg, self.run_dir / "config.yaml")
 
-    def _apply_settings(self, fresh: list[tuple[float, float]]) -> None:
-        """After loading a checkpoint: this run's (base lr, weight decay) per group, the lr at the
-        resumed step on this run's schedule. The saved optimizer and scheduler carry the settings
-        the run started with, so a resume with train.lr=... would otherwise keep the old lr while
-        its log says the setting changed. Unchanged settings give back the saved numbers exactly."""
-        self.scheduler.base_lrs = [lr for lr, _ in fresh]
-        now = self.scheduler.get_lr()
-        for g, (lr, wd), cur in zip(self.optimizer.param_groups, fresh, now, strict=True):
-            g["initial_lr"], g["base_lr"], g["weight_decay"], g["lr"] = lr, lr, wd, cur
-        self.scheduler._last_lr = list(now)
-
     def _concrete_precision(self, cfg: Config, resume: bool, verbose: bool) -> Config:
         """``train.precision: auto`` measured once (rank 0's choice for every rank), or the resumed
         checkpoint's precision; the run's config.yaml records the result."""
@@ -490,8 +477,7 @@ class Trainer:
                 "checkpoints resume on any number)"
             )
         t = self.cfg.train
-        # this run's lr and weight decay per group, which loading the saved state would replace
-        fresh = [(g["initial_lr"], g["weight_decay"]) for g in self.optimizer.param_groups]
+        fresh = run_settings(self.optimizer)  # this run's lr and weight decay: loading replaces them
         if sharded:
             sd.load_sharded(path, self.model, self.optimizer, self.ema)
         else:
@@ -506,7 +492,7 @@ class Trainer:
             sd.set_full_model_state(self.model, full, self.fsdp)
             sd.set_full_optim_state(self.model, self.optimizer, state["optimizer"], self.fsdp)
         self.scheduler.load_state_dict(state["scheduler"])
-        self._apply_settings(fresh)
+        put_settings(self.optimizer, self.scheduler, fresh)
         if self.scaler is not None and state["scaler"]:
             self.scaler.load_state_dict(state["scaler"])
         rank_file = path / "train_state" / f"rank{self.dist.rank}.json"
