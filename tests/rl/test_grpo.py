@@ -198,6 +198,21 @@ def test_resume_equals_uninterrupted(rl_policy, tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize("rl_policy", ["tokens"], indirect=True)
+def test_a_task_named_twice_gets_twice_the_groups(rl_policy, tmp_path):
+    over = ["rl.iterations=1", "rl.groups=3", "rl.group_size=2", "rl.tasks=[reach,reach,push]",
+            "rl.eval_every=1", "rl.eval_episodes=2"]  # fmt: skip
+    cfg = rl_config(rl_policy, over)
+    assert [t for t, _, g in runner.iteration_jobs(cfg.rl, cfg.rl.tasks, 0)][::2] == [
+        "reach",
+        "reach",
+        "push",
+    ]
+    RLRun(rl_policy, cfg, tmp_path).fit()
+    row = json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[0])
+    assert row["success_by_task"].keys() == row["val_by_task"].keys() == {"reach", "push"}
+
+
+@pytest.mark.parametrize("rl_policy", ["tokens"], indirect=True)
 def test_resume_trains_at_the_changed_lr(rl_policy, tmp_path, monkeypatch):
     """The optimizer's saved state holds the first run's lr; a resume with rl.lr=... uses its own."""
     _reward_from_samples(monkeypatch)

@@ -586,7 +586,9 @@ class RLConfig:
     iterations: int = 20
     groups: int = 8  # env seeds per iteration
     group_size: int = 8  # rollouts per seed (GRPO's group)
-    tasks: tuple[str, ...] = ()  # empty = eval.tasks (every task of eval.suite)
+    # empty = eval.tasks (every task of eval.suite); they take turns over the groups, so a task
+    # named twice ([push, push, stack]) gets twice the groups of the others
+    tasks: tuple[str, ...] = ()
     env_seed: int = 3_000_000  # rollout seeds start here: disjoint from data (0..) and eval (1e6) seeds
     temperature: float = 1.0  # token heads: sampling temperature of the rollouts (evaluation stays greedy)
     # flow heads: std of the noise added at every denoising step, x sigma sqrt(|dt|) (Flow-Noise /

@@ -72,7 +72,8 @@ def episode_rewards(episodes: list[dict[str, Any]], progress_reward: float) -> t
 def iteration_jobs(rl: Any, tasks: tuple[str, ...], it: int) -> list[tuple[str, int, int]]:
     """Iteration ``it``'s rollouts: ``groups`` seeds, ``group_size`` episodes each. Group g is seed
     ``env_seed + it * groups + g`` on task ``tasks[(it * groups + g) % len(tasks)]`` (the tasks
-    take turns, as evaluation's "spread" scheme). -> [(task, seed, group)]."""
+    take turns, as evaluation's "spread" scheme; a task named twice gets twice the groups, while
+    validation scores each task once). -> [(task, seed, group)]."""
     out = []
     for g in range(rl.groups):
         k = it * rl.groups + g
@@ -212,7 +213,8 @@ class RLRun:
         # policy's config (a token head decodes them exactly as one by one: tests/sim)
         try:
             res = evaluate(self.policy, ev, num_workers=0, episodes=rl.eval_episodes, seed=rl.eval_seed,
-                           seed_scheme="spread", tasks=self.tasks, videos=0, batch_episodes=ev.batch_episodes,
+                           seed_scheme="spread", tasks=tuple(dict.fromkeys(self.tasks)), videos=0,
+                           batch_episodes=ev.batch_episodes,
                            temporal_ensemble=0.0, cameras=tuple(self.cfg.model.camera_names))  # fmt: skip
         finally:
             gen.set_state(kept)
