@@ -111,8 +111,7 @@ def _decoding(args: argparse.Namespace, policy: Path | None = None) -> tuple[tup
 
     if not getattr(args, "decode_from_validation", False) or policy is None:
         return tuple(parse_decoding(getattr(args, "decode", [])).items())
-    data = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
-    trials = [t for t in data.get("validation_trials", []) if t["policy"] == str(policy)]
+    trials = [t for t in _results().get("validation_trials", []) if t["policy"] == str(policy)]
     if not trials:
         raise SystemExit(f"--decode-from-validation: no validation trial of {policy} (bench/rl.py validate)")
     best = max(trials, key=lambda t: (t["success"], -float(t["decoding"].get("step_noise", 0))))
@@ -154,14 +153,22 @@ def _baseline(run: Path, ours: dict, label: str, args: argparse.Namespace) -> di
             "test": _summary(res), f"{label}_minus_baseline": paired(ours, res)}  # fmt: skip
 
 
+def _results() -> dict:
+    return json.loads(RESULTS.read_text()) if RESULTS.exists() else {"runs": {}}
+
+
+def _write(data: dict) -> None:
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    RESULTS.write_text(json.dumps(data, indent=1, default=str) + "\n")
+
+
 def _save(name: str, record: dict, note: str) -> None:
     """``record`` (with ``note``) as ``runs[name]`` of rl.json, the other records kept."""
     if note:
         record["note"] = note
-    data = json.loads(RESULTS.read_text()) if RESULTS.exists() else {"runs": {}}
+    data = _results()
     data["runs"][name] = record
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(data, indent=1, default=str) + "\n")
+    _write(data)
 
 
 def cmd_record(args: argparse.Namespace) -> None:
@@ -290,11 +297,11 @@ def cmd_validate(args: argparse.Namespace) -> None:
     res = _score(policy, args.episodes, Path(args.out), args.batch_episodes, dec, seed=VALIDATION_SEED)
     trial = {"date": datetime.date.today().isoformat(), "policy": str(policy), "decoding": dict(dec),
              "seed": VALIDATION_SEED, **_summary(res), "cpu_flags": cpu_flags()}  # fmt: skip
-    data = json.loads(RESULTS.read_text()) if RESULTS.exists() else {"runs": {}}
+    data = _results()
     trials = [t for t in data.get("validation_trials", [])
               if (t["policy"], t["decoding"], t["n"]) != (trial["policy"], trial["decoding"], trial["n"])]  # fmt: skip
     data["validation_trials"] = [*trials, trial]
-    RESULTS.write_text(json.dumps(data, indent=1, default=str) + "\n")
+    _write(data)
     tasks = ", ".join(f"{n} {v['success']:.2f}" for n, v in trial["tasks"].items())
     print(f"{policy} {dict(dec) or 'as configured'}: {trial['success']:.3f} {trial['ci95']} ({tasks})")
 

@@ -576,9 +576,10 @@ class RLConfig:
 
     GRPO as SimpleVLA-RL runs it: each iteration rolls out ``groups`` env seeds ``group_size``
     times each with the policy sampling its action tokens at ``temperature`` (a flow head: its
-    denoising steps with ``flow_sigma`` noise, one "token" per step); an episode's reward
-    is the task's success (0/1; ``progress_reward`` shapes failures); its advantage is the reward minus its group's mean over the
-    group's std; groups whose episodes all agree carry no signal and are dropped; the update is
+    denoising steps with ``flow_sigma`` noise, one "token" per step); an episode's reward is the
+    task's success (0/1; ``progress_reward`` shapes failures); its advantage is the reward minus
+    its group's mean over the group's std; groups whose episodes all agree carry no signal and are
+    dropped; the update is
     ``epochs`` passes of the PPO-clip surrogate per token (clip-higher: ``clip_low``/``clip_high``),
     plus ``kl_coef`` x the k3 KL to the starting policy."""
 

@@ -65,7 +65,8 @@ class Policy:
         """``head_options``: how the head serves, asked of the head (its spec's ``serving``,
         models/heads/serving.py): the flow head's ``fast``, ``compile_mode``, ``compile_scope``,
         ``guidance``, ``guidance_max``, ``bid_samples``, ``bid_noise_scale``; the token and flow
-        heads' ``decoding`` ({key: value} of their ``DECODING``: temperature, step_noise...). Another head's option is accepted at its default and refused otherwise."""
+        heads' ``decoding`` ({key: value} of their ``DECODING``: temperature, step_noise...).
+        Another head's option is accepted at its default and refused otherwise."""
         if dtype not in (None, "fp32", "bf16"):
             raise ValueError(f"dtype must be None, 'fp32' or 'bf16', got {dtype!r}")
         self.model = model.eval()
