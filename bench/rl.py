@@ -10,6 +10,9 @@
     # 3. all three on the test seeds (1e6.., the heads bench's, never seen in tuning), paired by seed
     python bench/rl.py record --name fast_s2 --start runs/heads/fast_nobpe_h4_sigma2_s2/final/ema \
         --rl runs/rl/fast_s2_grpo --baseline runs/rl/fast_s2_imitation --episodes 400
+    # a run in stages: the second starts from the first's best/ (vla rl --policy RUN1/best ...);
+    # --continues adds the first stage's CPU-hours up to the iteration it handed on
+    python bench/rl.py record --name NAME --start START --rl RUN2 --continues RUN1 --pick best ...
     # a sampling choice (a flow head's per-step noise) is picked on the validation seeds, for every
     # policy alike, then `record --decode` scores every row with it
     python bench/rl.py validate --policy runs/rl/flow_grpo/final --out runs/rl/flow_grpo/eval_val \
@@ -144,6 +147,15 @@ def paired(a: dict, b: dict) -> dict:
             "only_first": sum(x > 0 for x in d), "only_second": sum(x < 0 for x in d)}  # fmt: skip
 
 
+def paired_by_task(a: dict, b: dict) -> dict:
+    """``paired`` within each task: where a gain on one task hides a loss on another."""
+    tasks = dict.fromkeys(e["task"] for e in a["episodes"])
+    return {
+        t: paired(*({"episodes": [e for e in r["episodes"] if e["task"] == t]} for r in (a, b)))
+        for t in tasks
+    }
+
+
 def _baseline(run: Path, ours: dict, label: str, args: argparse.Namespace) -> dict:
     """An imitation run (``imitate --out``) scored on the test seeds and paired with ``ours``."""
     dec = _decoding(args, _ema(run / "final"))
@@ -171,6 +183,22 @@ def _save(name: str, record: dict, note: str) -> None:
     _write(data)
 
 
+def _prior_stage(run: Path) -> dict:
+    """The earlier stage a run started from (``vla rl --policy <run>/best``): that run's settings,
+    the iteration its validation seeds picked, and the CPU seconds it took to get there."""
+    from vlastack.config import load_yaml
+
+    best = json.loads((run / "best.json").read_text())
+    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    # best.json counts iterations from 1, metrics.jsonl from 0
+    row = next(r for r in rows if r["iteration"] == best["iteration"] - 1)
+    rl = vars(load_yaml(run / "config.yaml").rl)
+    return {"run": str(run), "iteration": best["iteration"], "val_success": best["val_success"],
+            "cpu_s": row["cpu_s"], "rollout_episodes": sum(r["episodes"] for r in rows[: best["iteration"]]),
+            # the whole run, which may have gone on past the iteration it handed on
+            "run_iterations": len(rows), "run_cpu_s": rows[-1]["cpu_s"], "rl": dict(rl)}  # fmt: skip
+
+
 def cmd_record(args: argparse.Namespace) -> None:
     from vlastack.config import load_yaml
 
@@ -185,6 +213,7 @@ def cmd_record(args: argparse.Namespace) -> None:
             "imitation": base_run / "eval_test"}  # fmt: skip
     evals = {k: _score(p, args.episodes, outs[k], args.batch_episodes, dec[k]) for k, p in policies.items()}
     base_cpu = json.loads((base_run / "cpu.json").read_text())
+    prior = _prior_stage(Path(args.continues)) if args.continues else None
     record = {
         "date": datetime.date.today().isoformat(),
         "environment": environment(),
@@ -198,7 +227,9 @@ def cmd_record(args: argparse.Namespace) -> None:
         # best/: the iteration the validation seeds picked (vla rl's best.json); the CPU-hours are
         # the whole run's all the same, since picking needed every iteration to be run
         "scored": args.pick if args.pick == "final" else json.loads((rl_run / "best.json").read_text()),
-        "rl_cpu_h": round(rows[-1]["cpu_s"] / 3600, 3),
+        # a later stage's CPU-hours include the stage it started from, up to the iteration it took
+        "rl_cpu_h": round((rows[-1]["cpu_s"] + (prior["cpu_s"] if prior else 0)) / 3600, 3),
+        **({"continues": prior} if prior else {}),
         "iterations": len(rows),
         "rollout_episodes": sum(r["episodes"] for r in rows),
         "curve": [
@@ -224,6 +255,8 @@ def cmd_record(args: argparse.Namespace) -> None:
         "test": {"seed": TEST_SEED, "episodes": args.episodes, **{k: _summary(v) for k, v in evals.items()}},
         "rl_minus_imitation": paired(evals["rl"], evals["imitation"]),
         "rl_minus_start": paired(evals["rl"], evals["start"]),
+        "rl_minus_imitation_by_task": paired_by_task(evals["rl"], evals["imitation"]),
+        "rl_minus_start_by_task": paired_by_task(evals["rl"], evals["start"]),
     }
     # the start's greedy score on the same validation seeds as the curve (vla rl writes it)
     start_val = Path(args.start_val) if args.start_val else rl_run / "validation_start.json"
@@ -340,6 +373,11 @@ def main() -> None:
         choices=("final", "best"),
         default="final",
         help="score the run's last policy, or the one its validation seeds picked (best/)",
+    )
+    r.add_argument(
+        "--continues",
+        default=None,
+        help="the earlier vla rl run whose best/ this run started from; its CPU-hours to that iteration count",
     )
     r.add_argument("--start-val", default=None, help="JSON: the start on the validation seeds")
     r.add_argument(

@@ -27,3 +27,29 @@ def test_each_row_samples_as_its_best_validation_trial(tmp_path, monkeypatch):
     fixed = argparse.Namespace(decode=["step_noise=0.2"], decode_from_validation=False)
     assert rl_bench._decoding(fixed, "a") == (("step_noise", "0.2"),)
     assert rl_bench._decoding(argparse.Namespace(), "a") == ()  # record-recap: as configured
+
+
+def test_a_later_stage_counts_the_cpu_its_start_took(tmp_path):
+    """A run started from another run's best/ owes that run's CPU up to the picked iteration."""
+    from vlastack.config import Config, save_yaml
+
+    run = tmp_path / "stage1"
+    run.mkdir()
+    save_yaml(Config(), run / "config.yaml")
+    rows = [{"iteration": i, "cpu_s": 100.0 * (i + 1), "episodes": 64} for i in range(6)]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (run / "best.json").write_text(json.dumps({"iteration": 4, "val_success": 0.5}))  # counted from 1
+    prior = rl_bench._prior_stage(run)
+    assert (prior["iteration"], prior["cpu_s"], prior["rollout_episodes"]) == (4, 400.0, 256)
+    assert (prior["run_iterations"], prior["run_cpu_s"]) == (6, 600.0)
+    assert prior["rl"]["method"] == "grpo"
+
+
+def test_paired_by_task_splits_the_seeds():
+    a = {"episodes": [{"task": "push", "seed": 1, "success": True}, {"task": "stack", "seed": 2, "success": False},
+                      {"task": "push", "seed": 3, "success": True}, {"task": "stack", "seed": 4, "success": True}]}  # fmt: skip
+    b = {"episodes": [{**e, "success": not e["success"]} for e in a["episodes"]]}
+    d = rl_bench.paired_by_task(a, b)
+    assert list(d) == ["push", "stack"]
+    assert (d["push"]["n"], d["push"]["difference"]) == (2, 1.0)
+    assert (d["stack"]["difference"], d["stack"]["only_first"], d["stack"]["only_second"]) == (0.0, 1, 1)
