@@ -114,7 +114,8 @@ def test_progress_shapes_failures_below_any_success():
 
 def test_config_checks():
     for bad in ("rl.group_size=1", "rl.temperature=0", "rl.method=ppo", "rl.clip_low=1.5", "rl.iterations=0",
-                "rl.progress_reward=1", "rl.progress_reward=-0.1"):  # fmt: skip
+                "rl.progress_reward=1", "rl.progress_reward=-0.1", "rl.imitation_coef=-1",
+                "rl.imitation_coef=0.5", "rl.imitation_batch=0"):  # fmt: skip
         with pytest.raises(ConfigError):
             load_config("tiny", None, [bad])
 
@@ -238,6 +239,39 @@ def test_progress_reward_trains_on_all_failure_groups(rl_policy, tmp_path):
     assert rows[0.0]["decisions_used"] == 0 and "reward" not in rows[0.0]
     assert rows[0.5]["informative_groups"] == 2 and rows[0.5]["decisions_used"] == rows[0.5]["decisions"]
     assert 0 < rows[0.5]["reward"] < 0.5
+
+
+@pytest.mark.parametrize("rl_policy", ["flow"], indirect=True)
+def test_imitation_anchor_adds_the_training_loss_on_demonstrations(rl_policy, tmp_path, monkeypatch):
+    """rl.imitation_coef: every gradient step adds the policy's training loss on demonstration
+    frames, drawn per (iteration, step) so a resume draws the same; without it the same rollouts
+    train other weights."""
+    from vlastack.sim.generate import generate
+
+    demos = tmp_path / "demos"
+    generate(demos, tasks=("reach",), episodes=2, workers=0, seed=0, progress=False, resumable=False,
+             video_quality="lossless")  # fmt: skip
+    _reward_from_samples(monkeypatch)
+    over = ["rl.iterations=1", "rl.groups=2", "rl.group_size=3", "rl.tasks=[reach]", "rl.minibatch=4",
+            f"rl.imitation_data={demos}", "rl.imitation_batch=4"]  # fmt: skip
+    for coef in (0.0, 1.0):
+        RLRun(
+            rl_policy, rl_config(rl_policy, [*over, f"rl.imitation_coef={coef}"]), tmp_path / str(coef)
+        ).fit()
+    rows = {c: json.loads((tmp_path / str(c) / "metrics.jsonl").read_text()) for c in (0.0, 1.0)}
+    assert rows[0.0]["gradient_steps"] > 0 and "imitation_loss" not in rows[0.0]
+    assert rows[1.0]["imitation_loss"] > 0
+    w = {c: load_file(tmp_path / str(c) / "final" / "model.safetensors") for c in (0.0, 1.0)}
+    assert any(not torch.equal(w[0.0][k], w[1.0][k]) for k in w[0.0])
+    run = RLRun(rl_policy, rl_config(rl_policy, [*over, "rl.imitation_coef=1"]), tmp_path / "again")
+    model = run.policy.model
+    with torch.no_grad():
+        a, b, c = (run.anchor.loss(model, it, s) for it, s in ((3, 1), (3, 1), (3, 2)))
+    assert torch.equal(a, b) and not torch.equal(a, c)
+    run.pool.close()
+    with pytest.raises(ValueError, match="no such dataset"):
+        RLRun(rl_policy, rl_config(rl_policy, [*over[:-2], "rl.imitation_coef=1",
+                                               f"rl.imitation_data={tmp_path / 'none'}"]), tmp_path / "x")  # fmt: skip
 
 
 @pytest.mark.parametrize("rl_policy", ["tokens"], indirect=True)  # the choice is the loop's, not the head's

@@ -612,6 +612,12 @@ class RLConfig:
     # obj_to_target), a success 1. 0 = the sparse success reward (SimpleVLA-RL's). Below 1, so any
     # success outranks any failure; > 0 makes all-failure groups informative.
     progress_reward: float = 0.0
+    # Imitation anchor (rl/anchor.py): each gradient step adds imitation_coef x the policy's own
+    # training loss on imitation_batch frames of imitation_data (demonstrations, LeRobot v3), so
+    # the tasks the rollouts do not reward keep what they were taught. 0 = off.
+    imitation_coef: float = 0.0
+    imitation_data: str = ""
+    imitation_batch: int = 32
     max_grad_norm: float = 1.0
     drop_uniform_groups: bool = True  # dynamic sampling: all-success / all-failure groups skipped
     seed: int = 0  # the sampling noise (per iteration: resumes draw the same tokens)
@@ -653,6 +659,13 @@ class RLConfig:
             "progress_reward",
             f"must be in [0, 1) (a failure's most, below a success's 1), got {self.progress_reward}",
         )
+        _check(self.imitation_coef >= 0, "imitation_coef", f"must be >= 0, got {self.imitation_coef}")
+        _check(
+            not self.imitation_coef or bool(self.imitation_data),
+            "imitation_data",
+            "rl.imitation_coef > 0 needs the demonstrations to imitate: set rl.imitation_data=<dataset folder>",
+        )
+        _check(self.imitation_batch > 0, "imitation_batch", f"must be > 0, got {self.imitation_batch}")
         _check(self.max_grad_norm > 0, "max_grad_norm", f"must be > 0, got {self.max_grad_norm}")
         _check(self.num_threads >= 0, "num_threads", "must be >= 0 (0 = default)")
         _check(

@@ -10,7 +10,8 @@ One iteration (``RLConfig``): ``groups`` seeds x ``group_size`` rollouts sampled
 ``rollout.collect``) -> rewards (the task's success, 0/1; failures shaped by their progress with
 ``rl.progress_reward``) -> group-relative advantages (``grpo.group_advantages``) -> ``rl.epochs``
 passes of the clipped surrogate over the decisions of the informative groups
-(``grpo.clipped_loss``) -> a checkpoint.
+(``grpo.clipped_loss``; + ``rl.imitation_coef`` x the training loss on demonstrations,
+``anchor.py``) -> a checkpoint.
 
 The run folder is a training run's: ``checkpoints/step_<iteration>/`` (a policy folder plus
 ``train_state``: the optimizer), ``metrics.jsonl`` (one row per iteration: rollout success by task,
@@ -117,6 +118,12 @@ class RLRun:
         self.ref = None
         if self.rl.kl_coef > 0:
             self.ref = Policy.from_pretrained(self.source, ema=ema).model.float().eval().requires_grad_(False)
+        self.anchor = None
+        if self.rl.imitation_coef > 0:  # demonstrations beside the rollouts (rl/anchor.py)
+            from vlastack.rl.anchor import ImitationAnchor
+
+            self.anchor = ImitationAnchor(cfg, self.rl.imitation_data, self.policy.normalizer,
+                                          self.rl.imitation_batch, self.rl.seed)  # fmt: skip
         self.start = 0
         if latest is not None:
             state = load_state(latest / STATE, "rl")
@@ -185,7 +192,7 @@ class RLRun:
         if not rl.drop_uniform_groups:
             informative = torch.ones_like(informative)
         used = [d for d in ro.decisions if informative[d.episode]]
-        stats = self.update(used, adv, gen) if used else {}
+        stats = self.update(used, adv, gen, it) if used else {}
         by_task: dict[str, list[float]] = {}
         for e in ro.episodes:
             by_task.setdefault(e["task"], []).append(float(e["success"]))
@@ -233,10 +240,13 @@ class RLRun:
         sampled = torch.stack([d.sample for d in part]).to(self.policy.device)
         return self.head.rl_logprobs(model, batch, sampled, self.rl)
 
-    def update(self, decisions: list[Decision], adv: torch.Tensor, gen: torch.Generator) -> dict[str, float]:
+    def update(
+        self, decisions: list[Decision], adv: torch.Tensor, gen: torch.Generator, it: int = 0
+    ) -> dict[str, float]:
         """``rl.epochs`` passes of the clipped surrogate over ``decisions`` in minibatches of
-        ``rl.minibatch``. The behaviour policy's log-probs (and the reference's) are computed
-        first, with the weights that sampled the tokens."""
+        ``rl.minibatch`` (+ the imitation anchor's loss, iteration ``it``'s batches). The behaviour
+        policy's log-probs (and the reference's) are computed first, with the weights that sampled
+        the tokens."""
         rl, model = self.rl, self.policy.model
         mb = rl.minibatch
         parts = [decisions[i : i + mb] for i in range(0, len(decisions), mb)]
@@ -256,6 +266,10 @@ class RLRun:
                 a = adv[torch.tensor([d.episode for d in part])]
                 loss, st = clipped_loss(logp, flat_old[idx], a, mask, rl.clip_low, rl.clip_high,
                                         None if flat_ref is None else flat_ref[idx], rl.kl_coef)  # fmt: skip
+                if self.anchor is not None:
+                    im = self.anchor.loss(model, it, steps + skipped)
+                    loss = loss + rl.imitation_coef * im
+                    st = {**st, "imitation_loss": im.detach()}
                 self.opt.zero_grad(set_to_none=True)
                 loss.backward()
                 gnorm = torch.nn.utils.clip_grad_norm_(self.params, rl.max_grad_norm)
