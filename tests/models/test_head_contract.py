@@ -104,7 +104,25 @@ def test_policy_and_server(trained):
     assert out["actions"].shape == (h, a)
 
 
+# The autoregressive token head's export is the slowest check here (~25 s each on 2 AVX2 cores);
+# its grounded variant exports the same decoder, so the default tier checks it once and the
+# integration tier checks the grounded one.
+SLOW_EXPORT = ("tokens", True)
+
+
 def test_export_where_the_head_can(trained, tmp_path):
+    if trained[0].model.head == SLOW_EXPORT[0] and bool(trained[0].model.grounding.points) == SLOW_EXPORT[1]:
+        pytest.skip("exported in the integration tier: test_export_grounded_token_head")
+    _check_export(trained, tmp_path)
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("trained", [SLOW_EXPORT], indirect=True, ids=["tokens+grounding"])
+def test_export_grounded_token_head(trained, tmp_path):
+    _check_export(trained, tmp_path)
+
+
+def _check_export(trained, tmp_path) -> None:
     from vlastack.infer.export import export_policy
     from vlastack.infer.export_lerobot import export_lerobot
     from vlastack.infer.policy import Policy

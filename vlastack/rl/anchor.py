@@ -4,9 +4,8 @@ adds ``imitation_coef`` x the policy's own training loss on a batch of demonstra
 Practising some tasks moves the weights every task shares; a task the rollouts rarely reward (one
 left out of ``rl.tasks``, or one already solved, whose groups are all successes and are dropped)
 then drifts with nothing to pull it back (docs/research/rl.md: push-only GRPO cost stack 14
-points). RL methods that fine-tune from demonstrations keep a behaviour-cloning term for this
-(DAPG, Rajeswaran et al. 2018; PA-RL and RLinf's SFT+RL mixes). Here it is the loss the policy was
-trained with, on frames read exactly as ``vla train`` reads them: the policy's own statistics,
+points). RL from demonstrations keeps a behaviour-cloning term for this (DAPG, Rajeswaran et al.
+2018, adds one to its policy gradient). Here it is the loss the policy was trained with, on frames read exactly as ``vla train`` reads them: the policy's own statistics,
 the recipe's augmentation, its grounding targets where the data has them.
 
 The batches and the loss's own draws (a flow head's noise and time) come from a generator seeded
@@ -24,15 +23,22 @@ from torch import Tensor
 
 from vlastack.batch import Batch
 from vlastack.config import Config
+from vlastack.data.stats import ExactNormalizer, Normalizer, stat_dim
 
 
 class ImitationAnchor:
-    """Demonstration frames for ``policy`` and its training loss on a batch of them."""
+    """Demonstration frames, normalized with a policy's statistics, and its training loss on a batch."""
 
-    def __init__(self, cfg: Config, data: str | Path, normalizer, batch_size: int, seed: int) -> None:
+    def __init__(
+        self,
+        cfg: Config,
+        data: str | Path,
+        normalizer: Normalizer | ExactNormalizer,
+        batch_size: int,
+        seed: int,
+    ) -> None:
         from vlastack.data.loader import MemoryDataset
         from vlastack.data.samples import make_dataset
-        from vlastack.data.stats import stat_dim
 
         if not Path(data).is_dir():
             raise ValueError(f"rl.imitation_data={data}: no such dataset folder")
