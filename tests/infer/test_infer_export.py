@@ -118,8 +118,9 @@ def test_cpp_example_matches_python(policy, tmp_path):
         np.testing.assert_allclose(got, want, atol=1e-4)
 
 
+@pytest.mark.integration  # ~16 s on 2 AVX2 cores: two exporters over a token decoder
 def test_token_head_exports(tmp_path):
-    """A bins token head (OFT-style parallel decoding) exports and matches eager; FAST is refused."""
+    """A bins token head (OFT-style parallel decoding) exports and matches eager."""
     from vlastack.config import apply_overrides, tiny
     from vlastack.models import build_model
 
@@ -136,6 +137,12 @@ def test_token_head_exports(tmp_path):
     for fmt in ("torchscript", "onnx"):
         side = export_policy(Policy(model), fmt, tmp_path / fmt)
         assert side["check"]["passed"] and side["head"] == "tokens"
+
+
+def test_fast_token_head_refuses_export(tmp_path):
+    from vlastack.config import apply_overrides, tiny
+    from vlastack.models import build_model
+
     fast = apply_overrides(tiny(), ["model.head=tokens", "model.head_options.tokenizer=fast"]).model
     with pytest.raises(ValueError, match="FAST"):
         export_policy(Policy(build_model(fast)), "onnx", tmp_path / "fast")
