@@ -142,3 +142,25 @@ def augment(
     if uv is None:
         return images
     return images, (uv if boxes is None else crop_uv(uv, boxes[:, 0]))
+
+
+def augment_batch(
+    batch: dict[str, Tensor],
+    crop_scale: float = 1.0,
+    jitter: float = 0.0,
+    generator: torch.Generator | None = None,
+) -> dict[str, Tensor]:
+    """``augment`` applied to a training batch: its images, and its attention targets (``env_uv``,
+    moved with the first camera's crop) where it has them; absent cameras stay zero. The batch
+    itself when there is nothing to do (crop_scale 1, no jitter)."""
+    if crop_scale >= 1.0 and jitter <= 0:
+        return batch
+    out = dict(batch)
+    if "env_uv" in batch:
+        imgs, out["env_uv"] = augment(
+            batch["images"], crop_scale, jitter, generator=generator, uv=batch["env_uv"]
+        )
+    else:
+        imgs = augment(batch["images"], crop_scale, jitter, generator=generator)
+    out["images"] = imgs * batch["image_mask"][:, :, None, None, None].to(imgs.dtype)
+    return out

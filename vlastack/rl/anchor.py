@@ -24,6 +24,7 @@ from torch import Tensor
 from vlastack.batch import Batch
 from vlastack.config import Config
 from vlastack.data.stats import ExactNormalizer, Normalizer, stat_dim
+from vlastack.data.transforms import augment_batch
 
 
 class ImitationAnchor:
@@ -57,28 +58,19 @@ class ImitationAnchor:
     def __len__(self) -> int:
         return len(self.frames)
 
+    def _seed(self, iteration: int, step: int) -> int:
+        return ((self.seed * 1_000_003 + iteration) * 4_099 + step) % 2**63
+
     def generator(self, iteration: int, step: int) -> torch.Generator:
-        return torch.Generator().manual_seed(((self.seed * 1_000_003 + iteration) * 4_099 + step) % 2**63)
+        return torch.Generator().manual_seed(self._seed(iteration, step))
 
     def batch(self, iteration: int, step: int) -> Batch:
         """Step ``step`` of iteration ``iteration``: ``batch_size`` frames drawn with replacement,
         augmented as ``vla train`` augments them."""
         g = self.generator(iteration, step)
         idx = torch.randint(len(self.frames), (self.batch_size,), generator=g).tolist()
-        batch = self.frames.gather(idx)
         d = self.cfg.data
-        if d.random_crop_scale >= 1.0 and d.color_jitter <= 0:
-            return batch
-        from vlastack.data.transforms import augment
-
-        out = dict(batch)
-        if "env_uv" in batch:  # the attention targets move with the first camera's crop
-            imgs, out["env_uv"] = augment(batch["images"], d.random_crop_scale, d.color_jitter,
-                                          generator=g, uv=batch["env_uv"])  # fmt: skip
-        else:
-            imgs = augment(batch["images"], d.random_crop_scale, d.color_jitter, generator=g)
-        out["images"] = imgs * batch["image_mask"][:, :, None, None, None].to(imgs.dtype)
-        return out
+        return augment_batch(self.frames.gather(idx), d.random_crop_scale, d.color_jitter, g)
 
     def loss(self, model: torch.nn.Module, iteration: int, step: int) -> Tensor:
         """The training loss (fp32 scalar, with gradients) on step ``step``'s batch. The loss draws
@@ -86,5 +78,5 @@ class ImitationAnchor:
         resume and leaves the caller's stream untouched."""
         batch = self.batch(iteration, step)
         with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(int(self.generator(iteration, step).initial_seed()) + 1)
+            torch.manual_seed(self._seed(iteration, step) + 1)
             return model(batch)["loss"].float()

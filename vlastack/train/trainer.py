@@ -526,21 +526,10 @@ class Trainer:
         return training_batches(self.dataset, sampler, self.cfg, pin)
 
     def _augment(self, batch: Batch) -> Batch:
-        d = self.cfg.data
-        if d.random_crop_scale >= 1.0 and d.color_jitter <= 0:
-            return batch
-        from vlastack.data.transforms import augment
+        from vlastack.data.transforms import augment_batch
 
-        out = dict(batch)
-        if "env_uv" in batch:  # the attention targets move with the first camera's crop
-            imgs, out["env_uv"] = augment(batch["images"], d.random_crop_scale, d.color_jitter,
-                                          generator=self.aug_gen, uv=batch["env_uv"])  # fmt: skip
-        else:
-            imgs = augment(batch["images"], d.random_crop_scale, d.color_jitter, generator=self.aug_gen)
-        out["images"] = imgs * batch["image_mask"][:, :, None, None, None].to(
-            imgs.dtype
-        )  # absent cameras stay zero
-        return out
+        d = self.cfg.data
+        return augment_batch(batch, d.random_crop_scale, d.color_jitter, self.aug_gen)
 
     def fit(self, stop_after: int | None = None) -> dict:
         """Train to ``train.steps``; returns a summary (final loss, timings, final folder).
