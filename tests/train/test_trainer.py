@@ -264,6 +264,47 @@ def test_compile_failure_falls_back_to_eager_with_one_warning(tmp_path, capsys, 
     assert (err.out + err.err).count("train.compile: compiling failed (CppCompileError") == 1
 
 
+def test_compile_removes_cached_kernels_cut_short(tmp_path, capsys, monkeypatch):
+    """Kernel libraries left cut short in Inductor's cache by a killed build are deleted: the one
+    the error names ("file too short"), after which the step compiles again in this run, and any
+    other near-empty one (a CPU-feature probe's), which repairs the next run; a library outside
+    the cache is never touched."""
+    from vlastack.train.parallel import remove_corrupt_compile_artifacts, uncompile
+
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "cache"))
+    cut, probe, whole = (tmp_path / "cache" / d / f"c{d}.so" for d in ("r2", "3g", "ok"))
+    for p, size in ((cut, 1000), (probe, 0), (whole, 1000)):
+        p.parent.mkdir(parents=True)
+        p.write_bytes(b"\x7fELF" + bytes(size))
+    outside = tmp_path / "lib.so"
+    outside.write_bytes(b"")
+    CppCompileError = type("CppCompileError", (RuntimeError,), {})
+    assert remove_corrupt_compile_artifacts(CppCompileError(f"ImportError: {outside}: file too short")) == (
+        f"removed 1 cut-short cached kernel(s): {probe.resolve()}",
+        False,
+    )
+    assert outside.exists() and not probe.exists() and whole.exists()
+
+    cfg = tiny_cfg("train.steps=2", "train.compile=true", "train.save_every=100")
+    tr = Trainer(cfg, run_dir=tmp_path / "run", dataset=FakeDataset(cfg))
+    real, calls = tr._train_step, []
+
+    def step(micro, kw):
+        calls.append(1)
+        if len(calls) == 1:
+            raise CppCompileError(f"ImportError: {cut}: file too short")
+        uncompile(tr.model)  # stands in for the rebuilt kernel: the test checks the retry, not Inductor
+        return real(micro, kw)
+
+    monkeypatch.setattr(tr, "_train_step", step)
+    assert tr.fit()["steps"] == 2 and len(calls) == 3 and tr.compiled
+    assert not cut.exists() and whole.exists()
+    log = "".join(capsys.readouterr())
+    assert (
+        "note: train.compile: removed 1 cut-short cached kernel(s)" in log and "compiling failed" not in log
+    )
+
+
 @pytest.mark.slow
 def test_compiled_training_matches_eager(tmp_path):
     """train.compile=true (the whole model, fullgraph) trains to the same losses as eager within

@@ -15,8 +15,10 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -143,6 +145,38 @@ def inductor_cache_for_isa() -> None:
         user = "user"
     isa = torch.backends.cpu.get_cpu_capability().lower()
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(tempfile.gettempdir(), f"torchinductor_{user}", isa)
+
+
+# How a cached kernel library that was cut short reads when loaded. A build killed while it wrote
+# (Ctrl-C, or a SIGTERM to the process group, while the first step compiles) leaves it behind.
+_CORRUPT_ARTIFACT = re.compile(r"(/\S+\.so): (?:file too short|invalid ELF header)")
+
+
+def remove_corrupt_compile_artifacts(e: BaseException) -> tuple[str, bool]:
+    """Delete the cut-short kernel libraries in Inductor's cache after compile error ``e``.
+
+    Inductor keys its cache by source hash and never rebuilds a file that exists. So one library
+    left truncated by a killed build makes every later compile of the model fail until it goes:
+    a kernel's reads "file too short"; a CPU-feature probe's makes Inductor think the ISA
+    unsupported, and the generated C++ no longer compiles. Removed: the library ``e`` names, and
+    every library in the cache under 64 bytes (no real one is that small). Returns what was removed
+    in words ("" for nothing) and whether ``e`` named it: only then does compiling again in this
+    process succeed; a probe's verdict is cached in-process, so its repair counts from the next run."""
+    from torch._inductor.runtime.cache_dir_utils import cache_dir
+
+    root = Path(cache_dir()).resolve()
+    named = {Path(m.group(1)).resolve() for m in _CORRUPT_ARTIFACT.finditer(str(e))}
+    named = {p for p in named if root in p.parents and p.is_file()}
+    short = (
+        {p.resolve() for p in root.rglob("*.so") if p.is_file() and p.stat().st_size < 64}
+        if root.is_dir()
+        else set()
+    )
+    gone = sorted(named | short)
+    for p in gone:
+        p.unlink(missing_ok=True)
+    note = f"removed {len(gone)} cut-short cached kernel(s): {', '.join(map(str, gone[:3]))}" if gone else ""
+    return note, bool(named)
 
 
 def apply_ddp(model: nn.Module, device: torch.device) -> nn.Module:

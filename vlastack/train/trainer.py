@@ -47,6 +47,7 @@ from vlastack.train.parallel import (
     fsdp_mp_policy,
     hsdp_mesh,
     init_distributed,
+    remove_corrupt_compile_artifacts,
     uncompile,
 )
 from vlastack.train.precision import resolve_auto
@@ -680,19 +681,26 @@ class Trainer:
         instead of stopping: compile changes speed, never what is computed. A failure surfaces in
         the forward, before gradients or the optimizer change anything."""
         self._compile_checked = True
-        try:
-            return self._train_step(micro, kw)
-        except Exception as e:
-            if not _is_compile_error(e):
-                raise
-            self.optimizer.zero_grad(set_to_none=True)
-            uncompile(self.model)
-            self.compiled = False
-            self._message(
-                f"warning: train.compile: compiling failed ({type(e).__name__}: {str(e).splitlines()[0][:160]}); "
-                "training continues without compile (same results, slower steps)"
-            )
-            return self._train_step(micro, kw)
+        for _ in range(8):  # a kernel cut short by a killed build is removed, then compiled again
+            try:
+                return self._train_step(micro, kw)
+            except Exception as e:
+                if not _is_compile_error(e):
+                    raise
+                self.optimizer.zero_grad(set_to_none=True)
+                err, (note, retry) = e, remove_corrupt_compile_artifacts(e)
+            if note:
+                self._message(f"note: train.compile: {note}")
+            if not retry:
+                break
+        uncompile(self.model)
+        self.compiled = False
+        self._message(
+            f"warning: train.compile: compiling failed ({type(err).__name__}: {str(err).splitlines()[0][:160]}); "
+            "training continues without compile (same results, slower steps)"
+            + ("; the cache is repaired, so the next run compiles" if note else "")
+        )
+        return self._train_step(micro, kw)
 
     def _check_health(self, res: StepResult) -> None:
         """Count non-finite steps; raise ``TrainingDiverged`` after ``train.max_bad_steps`` in a row."""
