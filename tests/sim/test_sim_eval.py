@@ -327,3 +327,43 @@ def test_interrupted_evaluation_resumes_to_the_same_result(tmp_path, capsys):
     policy = Interrupted()
     evaluate(policy, out_dir=tmp_path / "again", **kw)
     assert policy.started == 8 and "held 2 episodes of an unfinished evaluation" in capsys.readouterr().err
+
+
+class SamplingPolicy:
+    """Draws its chunks from ``self.generator``, as a flow head with ``step_noise`` or a token head
+    with a temperature does; records every chunk."""
+
+    def __init__(self):
+        import torch
+
+        self.generator, self.chunks = torch.Generator(), []
+
+    def infer(self, obs):
+        import torch
+
+        a = torch.rand((4, 4), generator=self.generator).numpy() * 2 - 1
+        self.chunks.append(a)
+        return {"actions": a.astype(np.float32)}
+
+
+def test_a_sampling_policy_draws_the_same_in_every_evaluation():
+    """The evaluator seeds a policy's generator from each episode's seed, so what a stochastic
+    sampler draws does not depend on what ran before it (another evaluation, or the episodes a
+    worker happened to take first)."""
+    pol = SamplingPolicy()
+    kw = dict(
+        tasks=("reach",),
+        episodes=2,
+        num_workers=0,
+        max_steps=6,
+        steps_per_chunk=4,
+        videos=0,
+        cameras=("scene",),
+    )
+    evaluate(pol, **kw)
+    first, pol.chunks = pol.chunks, []
+    evaluate(pol, **kw)
+    assert len(first) == len(pol.chunks) == 4
+    for a, b in zip(first, pol.chunks, strict=True):
+        np.testing.assert_array_equal(a, b)
+    assert not np.array_equal(first[0], first[2])  # the episodes' seeds differ, and so do their draws
