@@ -211,11 +211,11 @@ class RLRun:
         from vlastack.sim.evaluate import evaluate
 
         rl, ev = self.rl, self.cfg.eval
-        # Every validation draws the same sampling noise (a flow head's starting noise): its points
-        # then differ by the weights only, and a resumed run validates as an uninterrupted one.
+        # The evaluator seeds the policy's generator per episode, so every validation draws the
+        # same sampling noise (its points differ by the weights only, a resumed run validates as an
+        # uninterrupted one); the rollouts' stream is put back after.
         gen = self.policy.generator
         kept = gen.get_state()
-        gen.manual_seed(rl.eval_seed)
         # eval.batch_episodes side by side, one batched query per step, as `vla eval` runs the
         # policy's config (a token head decodes them exactly as one by one: tests/sim)
         try:

@@ -51,6 +51,18 @@ class EvalWorkerError(RuntimeError):
     """An evaluation worker process died (crash, os._exit, out of memory)."""
 
 
+def _seed_sampler(policy: Any, seed: int) -> None:
+    """Seed a sampling policy's generator from the episode (or side-by-side group) it runs next.
+
+    Workers take episodes in whatever order they finish, so a generator seeded once per worker
+    gave a stochastic sampler (a flow head's ``step_noise``, a token head's temperature) other
+    draws on every evaluation. Seeded where each episode starts, an evaluation repeats whatever
+    the scheduling and whatever ran before; deterministic samplers are unchanged."""
+    gen = getattr(policy, "generator", None)
+    if gen is not None and hasattr(gen, "manual_seed"):
+        gen.manual_seed(int(seed))
+
+
 def run_episode(
     env,
     policy,
@@ -71,6 +83,7 @@ def run_episode(
     obs, _ = env.reset(seed=seed)
     if hasattr(policy, "reset"):
         policy.reset()
+    _seed_sampler(policy, seed)
     if getattr(policy, "needs_env", False):
         policy.bind_env(env)
     frames = [_video_frame(obs)] if record else []
@@ -110,6 +123,7 @@ def run_lockstep(
                      "chunker": ActionChunker(steps_per_chunk, temporal_ensemble), "out": None})  # fmt: skip
     if hasattr(policy, "reset"):
         policy.reset()
+    _seed_sampler(policy, jobs[0][2])  # side by side: the first episode's seed
     if getattr(policy, "needs_env", False):
         policy.bind_env(envs[0])  # one env: a batchable policy never needs one
     while active := [r for r in runs if r["out"] is None]:
@@ -221,25 +235,12 @@ def _init_worker(threads: int) -> None:
         os.environ[k] = str(threads)
 
 
-def _seed_sampler(policy: Any, seed: int) -> None:
-    """Seed a sampling policy's generator from the episode (or side-by-side group) it runs next.
-
-    Workers take episodes in whatever order they finish, so a generator seeded once per worker
-    gave a stochastic sampler (a flow head's ``step_noise``, a token head's temperature) other
-    draws on every run: the same policy and seeds scored 75.0% and 76.75%. Seeded per job, an
-    evaluation repeats whatever the scheduling; deterministic samplers are unchanged."""
-    gen = getattr(policy, "generator", None)
-    if gen is not None and hasattr(gen, "manual_seed"):
-        gen.manual_seed(int(seed))
-
-
 def _episode_job(
     spec: PolicySpec, env_kw: dict, run_kw: dict, episode: int, task: str, seed: int, record: bool
 ) -> dict:
     from vlastack.sim.env import make_env
 
     policy = _worker_policy(spec)
-    _seed_sampler(policy, seed)
     envs = _WORKER.setdefault("envs", {})
     if task not in envs:
         envs[task] = make_env(task, **env_kw)
@@ -268,7 +269,6 @@ def _group_job(spec: PolicySpec, env_kw: dict, run_kw: dict, group: list) -> lis
     if not batchable(policy):
         return [_episode_job(spec, env_kw, run_kw, *j) for j in group]
     mine = group_envs(_WORKER.setdefault("slot_envs", {}), group, env_kw, at_exit=True)
-    _seed_sampler(policy, group[0][2])  # (episode, task, seed, record): the group's first seed
     return run_lockstep(
         mine, policy, policy_name(spec), group, run_kw["steps_per_chunk"], run_kw["temporal_ensemble"]
     )
@@ -443,17 +443,16 @@ def _run_jobs(spec, cfg: EvalConfig, env_kw, run_kw, jobs, names, name, lockstep
             results, cache = [], {}
             for group in lockstep_groups(jobs, cfg.batch_episodes, 1):
                 envs_g = group_envs(cache, group, env_kw)
-                _seed_sampler(policy, group[0][2])
                 results += run_lockstep(envs_g, policy, name, group, cfg.steps_per_chunk,
                                         cfg.temporal_ensemble, on_done=finished)  # fmt: skip
             for e in cache.values():
                 e.close()
         else:
             envs = {t: make_env(t, **env_kw) for t in names if any(j[1] == t for j in jobs)}
-            results = []
-            for i, t, s, r in jobs:
-                _seed_sampler(policy, s)
-                results.append(finished(run_episode(envs[t], policy, name, s, episode=i, record=r, **run_kw)))
+            results = [
+                finished(run_episode(envs[t], policy, name, s, episode=i, record=r, **run_kw))
+                for i, t, s, r in jobs
+            ]
             for e in envs.values():
                 e.close()
         return results
