@@ -56,7 +56,14 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path[:] = [str(HERE.parent), *(p for p in sys.path if Path(p or ".").resolve() != HERE)]
 
-from bench.metaworld_protocol import VALIDATION_SEED, backfill, protocol_fields, record_validation  # noqa: E402
+from bench.metaworld_protocol import (  # noqa: E402
+    VALIDATION_SEED,
+    backfill,
+    data_arg,
+    label_source,
+    protocol_fields,
+    record_validation,
+)
 
 RESULTS = HERE / "results" / "metaworld.json"
 RECIPES = {"mt10": "metaworld_mt10", "mt50": "metaworld_mt50"}
@@ -534,6 +541,8 @@ def record(
             "model.grounding": cfg["model"]["grounding"],
         }
         overrides = [a for r in ledger for a in r["argv"] if "=" in a and not a.startswith("-")]
+        if ledger and int(cfg["model"]["grounding"].get("points") or 0):
+            train_config["grounding_labels"] = label_source(data_arg(ledger[-1]["argv"]))
         if overrides:  # the dotted overrides on top of the recipe, as given to `vla train`
             train_config["overrides"] = sorted(set(overrides))
         train_config["segments"] = [{k: r[k] for k in ("started", "wall_s", "cpu_s", "rc")} for r in ledger]
@@ -568,6 +577,8 @@ def cmd_validate(args: argparse.Namespace) -> None:
     ledger = read_ledger(run)
     trial = {"trial": args.trial, "run": str(run), "cpu_hours": sum(r["cpu_s"] for r in ledger) / 3600 or None,
              "overrides": sorted({a for r in ledger for a in r["argv"] if "=" in a and not a.startswith("-")}),
+             "data": data_arg(ledger[-1]["argv"]) if ledger else None,
+             "grounding_labels": label_source(data_arg(ledger[-1]["argv"])) if ledger else None,
              "date": datetime.date.today().isoformat(),
              "machine": ledger[-1]["machine"] if ledger else machine()}  # fmt: skip
     res = load()

@@ -59,10 +59,33 @@ def samples_seen(row: dict) -> int | None:
     return int(steps * batch) if steps and batch else None
 
 
+def label_source(data: str | Path | None) -> str | None:
+    """Where a dataset's grounding labels come from: "hindsight" (``vla data hindsight``: the
+    demonstrations' own state and action columns), "simulator" (the recorded 39-d state), or None."""
+    if not data:
+        return None
+    info = Path(data) / "meta" / "info.json"
+    if not info.is_file():
+        return None
+    ft = json.loads(info.read_text())["features"].get("observation.environment_state")
+    if ft is None:
+        return None
+    return "hindsight" if str((ft.get("names") or [""])[0]).startswith("hindsight_") else "simulator"
+
+
+def data_arg(argv: list[str]) -> str | None:
+    """The ``--data`` of a recorded ``vla train`` command line."""
+    return next((argv[i + 1] for i, a in enumerate(argv[:-1]) if a == "--data"), None)
+
+
 def privileged(row: dict) -> bool:
     """Trained with the grounding head's simulator labels (object and goal positions). Rows recorded
-    before the config was stored with them ran a Meta-World recipe, whose grounding was on."""
+    before the config was stored with them ran a Meta-World recipe, whose grounding was on. Labels
+    derived from the demonstrations themselves (``grounding_labels: hindsight``) are not privileged:
+    every policy's data holds the state and action columns they come from."""
     tc = row.get("train_config") or {}
+    if tc.get("grounding_labels") == "hindsight":
+        return False
     overrides = tc.get("overrides") or []
     if "model.grounding" not in tc:
         return tc.get("recipe", "").startswith("metaworld_") and "model.grounding.points=0" not in overrides

@@ -76,6 +76,15 @@ def register(sub, groups) -> None:
     u.add_argument("--overwrite", action="store_true", help="recompute a feature already there")
     u.set_defaults(func=_add_uv)
 
+    h = groups["data"].add_parser(
+        "hindsight",
+        help="Meta-World: a copy whose grounding labels come from the demonstrations' state and action "
+        "columns instead of the simulator (no privileged labels; vlastack/sim/hindsight.py)",
+    )
+    h.add_argument("path", help="a Meta-World LeRobot v3 dataset (read only)")
+    h.add_argument("--out", required=True, help="the new dataset folder (must not exist)")
+    h.set_defaults(func=_hindsight)
+
     e = sub.add_parser("eval", help="closed-loop evaluation of a policy on a simulated suite")
     e.add_argument(
         "--policy", required=True, help="checkpoint folder | random | expert | ws://HOST:PORT (a `vla serve`)"
@@ -192,6 +201,14 @@ def _add_uv(args: argparse.Namespace) -> int:
 
     keys = add_metaworld_uv(args.path, _split(args.cameras) or None, args.overwrite)
     print(f"{args.path}: added {', '.join(keys) or 'nothing (no world-fixed camera)'}")
+    return 0
+
+
+def _hindsight(args: argparse.Namespace) -> int:
+    from vlastack.sim.hindsight import hindsight_dataset
+
+    hindsight_dataset(args.path, args.out)
+    print(f"{args.out}: {args.path} with hindsight grounding labels (observation.environment_state, 6-d)")
     return 0
 
 

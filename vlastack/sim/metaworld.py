@@ -248,12 +248,18 @@ def points_uv(env_state: np.ndarray, camera: str = "image") -> np.ndarray:
     state = np.asarray(env_state, np.float64)
     if state.shape[-1] != 39:
         raise ValueError(f"Meta-World states are 39 wide, got shape {state.shape}")
+    pts = state[..., list(GROUNDING_INDEX)].reshape(*state.shape[:-1], 2, 3)
+    return project(pts, camera).reshape(*state.shape[:-1], 4)
+
+
+def project(points: np.ndarray, camera: str = "image") -> np.ndarray:
+    """World points [..., 3] -> float32 [..., 2]: (u, v) where the fixed ``camera`` images them,
+    as fractions of the image as ``MetaWorldEnv`` returns it (corner cameras flipped upright)."""
     pose = _camera_pose(camera)
     if pose is None:
         raise ValueError(f"Meta-World camera {camera!r} moves with the robot: no fixed projection")
     pos, mat, fovy = pose
-    pts = state[..., list(GROUNDING_INDEX)].reshape(*state.shape[:-1], 2, 3)
-    uv = pinhole_uv(pts, pos, mat, fovy)
+    uv = pinhole_uv(np.asarray(points, np.float64), pos, mat, fovy)
     if CAMERA_ALIASES.get(camera, camera).startswith("corner"):  # rendered upside down, flipped upright
         uv = np.where(uv >= 0, 1.0 - uv, uv)
-    return uv.reshape(*state.shape[:-1], 4).astype(np.float32)
+    return uv.astype(np.float32)
