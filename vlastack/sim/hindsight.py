@@ -69,11 +69,8 @@ def hindsight_dataset(src: str | Path, dst: str | Path) -> dict:
     """Copy the Meta-World dataset at ``src`` to ``dst`` with hindsight grounding labels in place
     of the simulator's (module docstring) -> the new ``observation.environment_state`` feature.
     ``dst`` must not exist; videos are hard-linked (copied where links fail)."""
-    from vlastack.data.edit import add_feature
     from vlastack.data.format import load_info
-    from vlastack.data.samples import ACTION_KEY, ENV_KEY, ENV_UV_KEY, STATE_KEY
-    from vlastack.sim.generate import ENV_UV_NAMES
-    from vlastack.sim.metaworld import fixed_camera, project
+    from vlastack.data.samples import ACTION_KEY, STATE_KEY
 
     src, dst = Path(src), Path(dst)
     if dst.exists():
@@ -92,6 +89,22 @@ def hindsight_dataset(src: str | Path, dst: str | Path) -> dict:
 
     tmp = dst.with_name(dst.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        ft = _fill(src, tmp, feats, link)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)  # a half-made copy never stays behind
+        raise
+    tmp.rename(dst)
+    return ft
+
+
+def _fill(src: Path, tmp: Path, feats: dict, link) -> dict:
+    """``hindsight_dataset``'s work, into ``tmp``."""
+    from vlastack.data.edit import add_feature
+    from vlastack.data.samples import ACTION_KEY, ENV_KEY, ENV_UV_KEY, STATE_KEY
+    from vlastack.sim.generate import ENV_UV_NAMES
+    from vlastack.sim.metaworld import fixed_camera, project
+
     for sub in sorted(p for p in src.iterdir()):
         target = tmp / sub.name
         if sub.name == "videos":
@@ -117,5 +130,4 @@ def hindsight_dataset(src: str | Path, dst: str | Path) -> dict:
             stale = [k for k in stale if k != key]
     if stale:  # a camera without a fixed projection: its simulator uv must not stay behind
         raise ValueError(f"{src}: cannot recompute {stale} from hindsight points")
-    tmp.rename(dst)
     return ft
