@@ -575,10 +575,10 @@ def cmd_validate(args: argparse.Namespace) -> None:
         sys.exit(1)
     ev = json.loads((out / "eval.json").read_text())
     ledger = read_ledger(run)
+    data = data_arg(ledger[-1]["argv"]) if ledger else None
     trial = {"trial": args.trial, "run": str(run), "cpu_hours": sum(r["cpu_s"] for r in ledger) / 3600 or None,
              "overrides": sorted({a for r in ledger for a in r["argv"] if "=" in a and not a.startswith("-")}),
-             "data": data_arg(ledger[-1]["argv"]) if ledger else None,
-             "grounding_labels": label_source(data_arg(ledger[-1]["argv"])) if ledger else None,
+             "data": data, "grounding_labels": label_source(data),
              "date": datetime.date.today().isoformat(),
              "machine": ledger[-1]["machine"] if ledger else machine()}  # fmt: skip
     res = load()

@@ -81,16 +81,10 @@ def hindsight_dataset(src: str | Path, dst: str | Path) -> dict:
         if k not in feats:
             raise ValueError(f"{src}: needs {k!r} for hindsight labels; it has {sorted(feats)}")
 
-    def link(s: str, d: str) -> None:
-        try:
-            os.link(s, d)
-        except OSError:
-            shutil.copy2(s, d)
-
     tmp = dst.with_name(dst.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     try:
-        ft = _fill(src, tmp, feats, link)
+        ft = _fill(src, tmp, feats)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)  # a half-made copy never stays behind
         raise
@@ -98,7 +92,15 @@ def hindsight_dataset(src: str | Path, dst: str | Path) -> dict:
     return ft
 
 
-def _fill(src: Path, tmp: Path, feats: dict, link) -> dict:
+def _link(s: str, d: str) -> None:
+    """Hard-link a video (it is not changed); copy where the file system refuses."""
+    try:
+        os.link(s, d)
+    except OSError:
+        shutil.copy2(s, d)
+
+
+def _fill(src: Path, tmp: Path, feats: dict) -> dict:
     """``hindsight_dataset``'s work, into ``tmp``."""
     from vlastack.data.edit import add_feature
     from vlastack.data.samples import ACTION_KEY, ENV_KEY, ENV_UV_KEY, STATE_KEY
@@ -108,7 +110,7 @@ def _fill(src: Path, tmp: Path, feats: dict, link) -> dict:
     for sub in sorted(p for p in src.iterdir()):
         target = tmp / sub.name
         if sub.name == "videos":
-            shutil.copytree(sub, target, copy_function=link)
+            shutil.copytree(sub, target, copy_function=_link)
         elif sub.is_dir():
             shutil.copytree(sub, target)
         else:
