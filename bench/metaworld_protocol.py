@@ -7,8 +7,10 @@ Seeds. Meta-World's ``reset(seed=s)`` draws the object and goal positions, so a 
 - validation: ``VALIDATION_SEED + j`` (2000+j), for every tuning decision of every policy;
 - test: ``TEST_SEED + j`` (1000+j, lerobot-eval's), scored once per final recipe.
 
-Fields per row (``protocol_fields``): ``privileged_labels`` (trained on simulator-only object and
-goal positions, which ``lerobot/metaworld_mt50`` does not hold), ``evaluator``, ``trials_per_task``,
+Fields per row (``protocol_fields``): ``privileged_labels`` (trained on the simulator's object and
+goal positions: ``lerobot/metaworld_mt50`` holds them in its 39-d ``observation.environment_state``,
+but LeRobot's ``MetaworldEnv`` does not return them and the baselines are configured not to read
+them, so a row trained on them is kept apart), ``evaluator``, ``trials_per_task``,
 ``validation_seeds`` (the seeds tuning used; ``null`` where tuning ran on the test seeds),
 ``tuning_trials`` (recipes tried before this one), ``demos_per_task``, ``samples_seen``,
 ``budget_multiple`` (the row's CPU-hours over the suite's reference row's) and ``lerobot_env_check``
@@ -108,10 +110,18 @@ def demos_per_task(row: dict) -> int | list | None:
     return counts.pop() if len(counts) == 1 else (sorted(counts) or None)
 
 
+# Rows whose policy was re-scored in LeRobot's own MetaworldEnv
+# (scripts/metaworld_policy_in_lerobot_env.py) -> that script's output under bench/results/.
+LEROBOT_ENV_CHECKS = {
+    ("mt10", "vlastack"): "metaworld_policy_lerobot_env.json",
+    ("mt10", "vlastack_hindsight"): "metaworld_policy_lerobot_env_hindsight.json",
+}
+
+
 def lerobot_env_check(suite: str, name: str) -> dict | None:
-    """The MT10 grounding policy was re-scored in LeRobot's env (metaworld_policy_lerobot_env.json)."""
-    path = RESULTS / "metaworld_policy_lerobot_env.json"
-    if (suite, name) != ("mt10", "vlastack") or not path.exists():
+    """The row's policy re-scored in LeRobot's env (``LEROBOT_ENV_CHECKS``), or None."""
+    path = RESULTS / LEROBOT_ENV_CHECKS.get((suite, name), "-")
+    if not path.is_file():
         return None
     s = json.loads(path.read_text()).get("summary", {})
     return agreement(s["compared"], s["same_outcome"], s["success_vla_eval"], s["success_lerobot_env"])
@@ -145,7 +155,7 @@ def protocol_fields(suite: str, name: str, row: dict, suite_rows: dict) -> dict:
         "demos_per_task": demos_per_task(row),
         "samples_seen": samples_seen(row),
         "budget_multiple": round(row["cpu_hours"] / ref, 3) if ref and row.get("cpu_hours") else None,
-        "lerobot_env_check": row.get("lerobot_env_check", lerobot_env_check(suite, name)),
+        "lerobot_env_check": row.get("lerobot_env_check") or lerobot_env_check(suite, name),
     }
     if out["validation_seeds"] is None and out["tuning_trials"]:
         out["tuning_note"] = "tuned on the test seeds (before the fair protocol): not a held-out score"

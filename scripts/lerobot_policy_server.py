@@ -21,6 +21,12 @@ observation history), so each connection gets its own copy, and the metadata say
 calls ``policy.reset()`` as lerobot-eval's rollout does. ``replan_steps`` is 1: the evaluator asks
 every step and the policy's own queue decides when it recomputes a chunk.
 
+``--resize R`` resizes every image to RxR with vlastack's ``fit_image`` before step 1, for a policy
+trained on a ``vla data resize`` copy (LeRobot's ACT has no resize of its own); ``--set FIELD=JSON``
+overrides policy config fields at load, for inference-time settings such as ACT's
+``n_action_steps`` or ``temporal_ensemble_coeff``. Both are in the metadata (``resize``,
+``overrides``), so ``eval.json`` records them.
+
 Wire format: openpi's msgpack-numpy, decoded by vlastack's hardened reader (``vlastack/infer/wire.py``,
 loaded by path: it needs only msgpack and numpy) — no pickle. Needs ``websockets`` and ``msgpack``
 in LeRobot's venv (``scripts/setup_lerobot_venv.sh`` installs them). The metadata also carries the
@@ -33,6 +39,7 @@ import argparse
 import contextlib
 import copy
 import importlib.util
+import json
 import logging
 import sys
 import threading
@@ -48,7 +55,17 @@ log = logging.getLogger("lerobot_policy_server")
 
 def load_wire():
     """vlastack's msgpack-numpy reader/writer, by file path (LeRobot's venv has no vlastack)."""
-    spec = importlib.util.spec_from_file_location("vlastack_wire", ROOT / "vlastack" / "infer" / "wire.py")
+    return _load("vlastack_wire", ROOT / "vlastack" / "infer" / "wire.py")
+
+
+def load_transforms():
+    """vlastack's image transforms (plain torch), by file path: ``--resize`` uses ``fit_image``, the
+    function that made the resized dataset (``vla data resize``) and that vlastack's policy applies."""
+    return _load("vlastack_transforms", ROOT / "vlastack" / "data" / "transforms.py")
+
+
+def _load(name: str, path: Path):
+    spec = importlib.util.spec_from_file_location(name, path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
@@ -58,7 +75,14 @@ class LeRobotSide:
     """One LeRobot policy folder, loaded as lerobot-eval loads it; ``session()`` gives a connection
     its own copy (the policy's queues are per episode)."""
 
-    def __init__(self, folder: str, env: str | None, device: str | None) -> None:
+    def __init__(
+        self,
+        folder: str,
+        env: str | None,
+        device: str | None,
+        resize: int | None = None,
+        overrides: dict[str, Any] | None = None,
+    ) -> None:
         import torch
         from lerobot.configs.policies import PreTrainedConfig
         from lerobot.policies import make_policy, make_pre_post_processors
@@ -67,6 +91,12 @@ class LeRobotSide:
         cfg.pretrained_path = Path(folder)
         if device:
             cfg.device = device
+        for k, v in (overrides or {}).items():  # inference-time settings, e.g. ACT's n_action_steps
+            if not hasattr(cfg, k):
+                raise ValueError(f"--set {k}: {cfg.type}'s config has no field {k!r}")
+            setattr(cfg, k, v)
+        self.resize = resize
+        self.fit_image = load_transforms().fit_image if resize else None
         self.env_cfg = None
         if env:
             from lerobot.envs.configs import EnvConfig
@@ -79,9 +109,9 @@ class LeRobotSide:
             policy = get_policy_class(cfg.type).from_pretrained(folder, config=cfg)
         policy.eval()
         self.policy, self.cfg = policy, cfg
-        overrides = {"device_processor": {"device": str(policy.config.device)}}
+        on_device = {"device_processor": {"device": str(policy.config.device)}}
         self.pre, self.post = make_pre_post_processors(
-            policy_cfg=cfg, pretrained_path=folder, preprocessor_overrides=overrides
+            policy_cfg=cfg, pretrained_path=folder, preprocessor_overrides=on_device
         )
         if self.env_cfg is not None:
             from lerobot.envs.factory import make_env_pre_post_processors
@@ -108,6 +138,8 @@ class LeRobotSide:
             "policy": f"lerobot {cfg.type} ({Path(folder).resolve()})",
             "lerobot_version": getattr(lerobot, "__version__", "unknown"),
             "server": "scripts/lerobot_policy_server.py",
+            "resize": resize,
+            "overrides": dict(overrides or {}),
         }
 
     def session(self) -> Any:
@@ -126,6 +158,9 @@ class LeRobotSide:
             img = np.asarray(img)
             if img.dtype != np.uint8 or img.ndim != 3 or img.shape[-1] != 3:
                 raise ValueError(f"'observation/{cam}' must be uint8 [H, W, 3], got {img.dtype} {img.shape}")
+            if self.fit_image is not None:
+                x = torch.from_numpy(np.array(img)).permute(2, 0, 1)  # a writable copy
+                img = self.fit_image(x, self.resize).permute(1, 2, 0).numpy()
             images[cam] = img[None]
         raw: dict[str, Any] = {}
         if list(self.cameras) == ["image"]:
@@ -211,13 +246,30 @@ def main() -> int:
     ap.add_argument("--port", type=int, default=8765, help="0 = any free port (printed)")
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     ap.add_argument("--max-message-mb", type=float, default=16.0)
+    ap.add_argument(
+        "--resize", type=int, default=None,
+        help="resize every image to RxR with vlastack's fit_image first (a policy trained on `vla data resize` data)",
+    )  # fmt: skip
+    ap.add_argument(
+        "--set", action="append", default=[], metavar="FIELD=JSON",
+        help="override a policy config field at load (JSON value), e.g. n_action_steps=8; repeatable",
+    )  # fmt: skip
     args = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     if args.threads:
         import torch
 
         torch.set_num_threads(args.threads)
-    side = LeRobotSide(args.policy, args.env, args.device)
+    overrides = {}
+    for item in args.set:
+        k, sep, v = item.partition("=")
+        if not sep:
+            ap.error(f"--set wants FIELD=JSON, got {item!r}")
+        try:
+            overrides[k.strip()] = json.loads(v)
+        except json.JSONDecodeError:
+            overrides[k.strip()] = v  # a bare string
+    side = LeRobotSide(args.policy, args.env, args.device, args.resize, overrides)
     serve(side, args.host, args.port, int(args.max_message_mb * 2**20))
     return 0
 

@@ -75,7 +75,8 @@ def test_stateful_server_is_reset_every_episode_and_named_in_eval_json(tmp_path)
 )
 def test_a_lerobot_act_policy_scored_by_vla_eval(tmp_path):
     """A randomly initialised LeRobot ACT policy (made by LeRobot's own classes, saved with its
-    processors) served from LeRobot's venv and scored by `vla eval` on Meta-World."""
+    processors) served from LeRobot's venv, with ``--resize`` and ``--set``, and scored by `vla
+    eval` on Meta-World."""
     pytest.importorskip("metaworld")
     folder = tmp_path / "act"
     subprocess.run(
@@ -84,7 +85,8 @@ def test_a_lerobot_act_policy_scored_by_vla_eval(tmp_path):
     log = (tmp_path / "server.log").open("w")  # closed with the process below
     proc = subprocess.Popen(
         [str(LEROBOT_PY), str(ROOT / "scripts" / "lerobot_policy_server.py"), "--policy", str(folder),
-         "--env", "metaworld", "--port", "0", "--threads", "1"],
+         "--env", "metaworld", "--port", "0", "--threads", "1", "--resize", "48",
+         "--set", "n_action_steps=3"],
         stderr=log, stdout=log,
     )  # fmt: skip
     try:
@@ -105,3 +107,5 @@ def test_a_lerobot_act_policy_scored_by_vla_eval(tmp_path):
         log.close()
     assert res["overall"]["n"] == 2 and all(e["steps"] == 12 for e in res["episodes"])
     assert res["server"]["policy"].startswith("lerobot act") and res["server"]["lerobot_version"] == "0.6.1"
+    # the evaluator's 64 px frames went through fit_image to 48 px; the chunk setting was overridden
+    assert res["server"]["resize"] == 48 and res["server"]["overrides"] == {"n_action_steps": 3}

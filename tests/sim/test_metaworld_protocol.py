@@ -76,3 +76,19 @@ def test_every_recorded_row_carries_the_protocol_fields():
     assert backfill(copy.deepcopy(res)) == res  # the file is what backfill writes (idempotent)
     grounding = [(s, n) for s, n, r in rows if r["privileged_labels"]]
     assert ("mt10", "vlastack") in grounding and ("mt50", "vlastack") in grounding
+
+
+def test_a_rows_lerobot_env_check_is_read_from_its_file(tmp_path, monkeypatch):
+    import bench.metaworld_protocol as mp
+
+    monkeypatch.setattr(mp, "RESULTS", tmp_path)
+    rows = {"vlastack": _row(2)}
+    row = _row(2) | {"lerobot_env_check": None}  # stored before the check ran
+    assert protocol_fields("mt10", "vlastack_hindsight", row, rows)["lerobot_env_check"] is None
+    summary = {"compared": 30, "same_outcome": 28, "success_vla_eval": 0.9, "success_lerobot_env": 0.8667}
+    (tmp_path / mp.LEROBOT_ENV_CHECKS[("mt10", "vlastack_hindsight")]).write_text(
+        json.dumps({"summary": summary})
+    )
+    check = protocol_fields("mt10", "vlastack_hindsight", row, rows)["lerobot_env_check"]
+    assert check["episodes"] == 30 and check["same_outcome"] == 28 and check["agree"] is True
+    assert protocol_fields("mt10", "unknown_row", row, rows)["lerobot_env_check"] is None

@@ -1,4 +1,4 @@
-"""``vla data info | view | convert`` (``vla data generate`` lives in vlastack/commands/sim.py)."""
+"""``vla data info | view | convert | check | resize`` (``vla data generate`` lives in vlastack/commands/sim.py)."""
 
 from __future__ import annotations
 
@@ -94,6 +94,20 @@ def cmd_check(args: argparse.Namespace) -> int:
     return 1 if n_err else 0
 
 
+def cmd_resize(args: argparse.Namespace) -> int:
+    import time
+
+    from vlastack.data.resize import resize_dataset
+
+    t0 = time.perf_counter()
+    frames = resize_dataset(args.path, args.out, args.size, lossless=args.video_quality == "lossless")
+    print(
+        f"{args.out}: {args.path} with videos at {args.size} px ({args.video_quality}; "
+        f"{', '.join(f'{k}: {n} frames' for k, n in frames.items())}) in {time.perf_counter() - t0:.0f}s"
+    )
+    return 0
+
+
 def register(sub, groups) -> None:
     g = groups["data"]
     p = g.add_parser("check", help="find NaN/inf values, bad stats and shape mismatches (by key, episode)")
@@ -117,3 +131,15 @@ def register(sub, groups) -> None:
     p.add_argument("--state-key", default="steps/observation/state")
     p.add_argument("--split", default="train")
     p.set_defaults(func=cmd_convert)
+    p = g.add_parser(
+        "resize",
+        help="a copy whose videos are resized with the policy's own resize (for policies that cannot resize)",
+    )
+    p.add_argument("path", help="a LeRobot v3 dataset (read only)")
+    p.add_argument("--size", type=int, required=True, help="side of the square frames, px")
+    p.add_argument("--out", required=True, help="the new dataset folder (must not exist)")
+    p.add_argument(
+        "--video-quality", choices=["lossless", "standard"], default="lossless",
+        help="lossless: yuv444p H.264 crf 0 (default); standard: yuv420p crf 23",
+    )  # fmt: skip
+    p.set_defaults(func=cmd_resize)

@@ -409,7 +409,10 @@ def evaluate(
 
         # What was behind the address (its policy, type, version): a URL alone does not say.
         meta = server_metadata(policy_factory)
-        res["server"] = {k: v for k, v in meta.items() if isinstance(v, str | int | float | bool | list)}
+        # (plain values only: a server's settings such as a LeRobot server's resize and overrides)
+        res["server"] = {
+            k: v for k, v in meta.items() if isinstance(v, str | int | float | bool | list | dict)
+        }
     res["resumed_episodes"] = len(journal.done) if journal is not None else 0
     res["config"] = {
         "episodes": cfg.episodes, "seed": cfg.seed, "seed_scheme": cfg.seed_scheme,

@@ -1,0 +1,128 @@
+"""Score a LeRobot policy folder with ``vla eval`` through ``scripts/lerobot_policy_server.py``: the
+one evaluator every row of the Meta-World table goes through (issue #64).
+
+    # a tuning trial on the validation seeds (2000 + j), recorded under mt10.tuning.<as>
+    .venv/bin/python bench/lerobot_served.py --run runs/lr_act_t1 --resize 128 \\
+        --seed 2000 --episodes-per-task 10 --trial "ACT, lr 1e-4, chunk 20, temporal ensembling" --as lerobot_act
+    # the test seeds (1000 + j), 50 per task: then `bench/metaworld.py record` makes the row
+    .venv/bin/python bench/lerobot_served.py --run runs/lr_act --resize 128 --out runs/lr_act/eval_vla
+
+The server runs in LeRobot's venv (``--lerobot-python``) with LeRobot's own pre- and
+post-processors; ``vla eval`` runs here with vlastack's environment (the same renderer, seeds and
+episode count as vlastack's rows). ``--resize R`` resizes the evaluator's frames with vlastack's
+``fit_image`` before LeRobot's preprocessor: the policy trained on a ``vla data resize`` copy sees
+at evaluation what it saw in training. ``--set FIELD=JSON`` overrides policy config fields at load
+(e.g. ACT's ``n_action_steps``, ``temporal_ensemble_coeff``): both land in ``eval.json``'s
+``server`` entry. The evaluation resumes (``vla eval --resume``) when run again with the same
+arguments.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.lerobot_common import LAST, LEROBOT_PYTHON, OUT, RUN_INFO, machine, read_json
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def start_server(py: str, policy: Path, resize: int | None, sets: list[str], threads: int, log: Path):
+    """The LeRobot policy server on a free port -> (process, port); waits for its 'serving' line."""
+    cmd = [py, str(ROOT / "scripts" / "lerobot_policy_server.py"), "--policy", str(policy), "--env", "metaworld",
+           "--port", "0", "--threads", str(threads)]  # fmt: skip
+    if resize:
+        cmd += ["--resize", str(resize)]
+    for s in sets:
+        cmd += ["--set", s]
+    env = dict(os.environ, HF_HUB_OFFLINE="1", MUJOCO_GL=os.environ.get("MUJOCO_GL", "egl"))
+    fh = log.open("w")
+    proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, env=env)
+    deadline = time.time() + 300
+    while time.time() < deadline:
+        m = re.search(r"serving ws://127\.0\.0\.1:(\d+)", log.read_text())
+        if m:
+            return proc, int(m.group(1)), cmd
+        if proc.poll() is not None:
+            break
+        time.sleep(0.5)
+    proc.kill()
+    sys.exit(f"the LeRobot policy server did not start; see {log}:\n{log.read_text()[-2000:]}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--run", required=True, help="a bench/lerobot_metaworld.py train run")
+    ap.add_argument("--checkpoint", default=None, help="a pretrained_model folder (default: the run's last)")
+    ap.add_argument("--lerobot-python", default=LEROBOT_PYTHON)
+    ap.add_argument("--config", default="metaworld_mt10", help="vla eval's config (suite, renderer, seeds)")
+    ap.add_argument("--tasks", default=None, help="vla eval --tasks (default: the config's)")
+    ap.add_argument("--seed", type=int, default=1000, help="1000: test seeds; 2000: validation seeds")
+    ap.add_argument("--episodes-per-task", type=int, default=50)
+    ap.add_argument("--workers", type=int, default=2, help="vla eval's environment processes")
+    ap.add_argument("--threads", type=int, default=1, help="the server's torch threads")
+    ap.add_argument("--resize", type=int, default=None)
+    ap.add_argument("--set", action="append", default=[], metavar="FIELD=JSON")
+    ap.add_argument("--out", default=None, help="default RUN/eval_val (seed 2000) or RUN/eval_vla")
+    ap.add_argument("--trial", default=None, help="record a tuning trial (validation seeds) with this text")
+    ap.add_argument("--as", dest="row", default=None, help="the tuning list's name, e.g. lerobot_act")
+    ap.add_argument("--suite", default="mt10")
+    args = ap.parse_args()
+    if args.trial and not args.row:
+        ap.error("--trial needs --as (the tuning list's name)")
+
+    run = Path(args.run)
+    policy = Path(args.checkpoint) if args.checkpoint else run / OUT / LAST / "pretrained_model"
+    if not (policy / "config.json").exists():
+        sys.exit(f"no LeRobot policy at {policy}")
+    out = Path(args.out) if args.out else run / ("eval_val" if args.seed >= 2000 else "eval_vla")
+    out.mkdir(parents=True, exist_ok=True)
+    proc, port, server_cmd = start_server(args.lerobot_python, policy.resolve(), args.resize, args.set,
+                                          args.threads, out / "server.log")  # fmt: skip
+    argv = ["eval", "--policy", f"ws://127.0.0.1:{port}", "--config", args.config, "--out", str(out),
+            "--resume", "--workers", str(args.workers), "--episodes-per-task", str(args.episodes_per_task),
+            "--seed", str(args.seed), "--videos", "0"]  # fmt: skip
+    if args.tasks:
+        argv += ["--tasks", args.tasks]
+    t0 = time.time()
+    try:
+        rc = subprocess.run([str(ROOT / ".venv" / "bin" / "vla"), *argv]).returncode
+    finally:
+        proc.terminate()
+        proc.wait(60)
+    if rc != 0:
+        sys.exit(f"vla eval failed (rc {rc})")
+    ev = json.loads((out / "eval.json").read_text())
+    print(f"{out / 'eval.json'}: mean task success {ev['mean_task_success']:.1%} ({time.time() - t0:.0f}s)")
+    if not args.trial:
+        return
+    from bench.metaworld import load, save
+    from bench.metaworld_protocol import record_validation
+
+    info = read_json(run / RUN_INFO) or {}
+    plan = info.get("plan") or {}
+    trial = {"trial": args.trial, "run": str(run), "cpu_hours": info.get("cpu_hours"),
+             "steps": info.get("step_reached"), "batch_size": plan.get("batch_size", 8),
+             "data": info.get("data"), "non_default": info.get("non_default"),
+             "server": {"resize": args.resize, "set": args.set, "command": server_cmd},
+             "evaluator": "vla eval (ws:// LeRobot policy server)",
+             "date": datetime.date.today().isoformat(), "machine": info.get("machine") or machine()}  # fmt: skip
+    res = load()
+    entry = record_validation(res, args.suite, args.row, ev, trial)
+    save(res)
+    print(
+        f"{args.suite} tuning {args.row} [{args.trial}]: {entry['mean']:.1%} on validation seeds {entry['seeds']}"
+    )
+
+
+if __name__ == "__main__":
+    main()
