@@ -45,8 +45,8 @@ def start_server(py: str, policy: Path, resize: int | None, sets: list[str], thr
     for s in sets:
         cmd += ["--set", s]
     env = dict(os.environ, HF_HUB_OFFLINE="1", MUJOCO_GL=os.environ.get("MUJOCO_GL", "egl"))
-    fh = log.open("w")
-    proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, env=env)
+    with log.open("w") as fh:  # the server keeps its own copy of the descriptor
+        proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, env=env)
     deadline = time.time() + 300
     while time.time() < deadline:
         m = re.search(r"serving ws://127\.0\.0\.1:(\d+)", log.read_text())
@@ -95,7 +95,9 @@ def main() -> None:
         argv += ["--tasks", args.tasks]
     t0 = time.time()
     try:
-        rc = subprocess.run([str(ROOT / ".venv" / "bin" / "vla"), *argv]).returncode
+        # A child process, not vlastack.cli.main here: this script's folder (bench/, first on
+        # sys.path) holds metaworld.py, which would shadow the Meta-World package.
+        rc = subprocess.run([sys.executable, "-m", "vlastack.cli", *argv], cwd=ROOT).returncode
     finally:
         proc.terminate()
         proc.wait(60)
@@ -106,12 +108,12 @@ def main() -> None:
     if not args.trial:
         return
     from bench.metaworld import load, save
-    from bench.metaworld_protocol import record_validation
+    from bench.metaworld_protocol import LEROBOT_DEFAULT_BATCH, record_validation
 
     info = read_json(run / RUN_INFO) or {}
-    plan = info.get("plan") or {}
+    batch = (info.get("non_default") or {}).get("batch_size", {}).get("value", LEROBOT_DEFAULT_BATCH)
     trial = {"trial": args.trial, "run": str(run), "cpu_hours": info.get("cpu_hours"),
-             "steps": info.get("step_reached"), "batch_size": plan.get("batch_size", 8),
+             "steps": info.get("step_reached"), "batch_size": int(batch),
              "data": info.get("data"), "non_default": info.get("non_default"),
              "server": {"resize": args.resize, "set": args.set, "command": server_cmd},
              "evaluator": "vla eval (ws:// LeRobot policy server)",

@@ -16,8 +16,10 @@ one, and running it again finishes the job.
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 import numpy as np
 import pyarrow as pa
@@ -26,6 +28,26 @@ import pyarrow.parquet as pq
 from vlastack.data import format as fmt
 from vlastack.data.stats import exact_stats, stats_from_json, stats_to_json
 from vlastack.fileio import read_json
+
+T = TypeVar("T")
+
+
+def write_new_dataset(dst: str | Path, fill: Callable[[Path], T], what: str = "this") -> T:
+    """Make the dataset folder ``dst``, which must not exist, by ``fill(tmp)`` into ``dst.tmp`` and
+    one rename: a failed or interrupted ``fill`` never leaves a half-made dataset at ``dst`` (the
+    copies ``vla data hindsight`` and ``vla data resize`` write) -> what ``fill`` returns."""
+    dst = Path(dst)
+    if dst.exists():
+        raise ValueError(f"{dst} exists: {what} writes a new dataset")
+    tmp = dst.with_name(dst.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        out = fill(tmp)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    tmp.rename(dst)
+    return out
 
 
 def _write_table(table: pa.Table, path: Path) -> None:

@@ -31,6 +31,7 @@ import numpy as np
 import torch
 
 from vlastack.data import format as fmt
+from vlastack.data.edit import write_new_dataset
 from vlastack.data.transforms import fit_image
 from vlastack.data.video import VideoEncoder
 
@@ -39,20 +40,10 @@ def resize_video(src: Path, dst: Path, size: int, fps: int, lossless: bool = Tru
     """Decode ``src`` in order, resize every frame to ``size`` x ``size`` and write ``dst`` at
     ``fps`` -> the number of frames. Frame i must sit at time i / fps (how our writer and LeRobot's
     lay episodes into one file); a frame elsewhere is a ValueError, since re-encoding would move it."""
-    enc = None
+    pix_fmt, crf = ("yuv444p", 0) if lossless else ("yuv420p", None)
+    enc = VideoEncoder(dst, fps, size, size, pix_fmt=pix_fmt, crf=crf)
     n = 0
     buf: list[np.ndarray] = []
-
-    def flush() -> None:
-        nonlocal enc
-        x = torch.from_numpy(np.stack(buf)).permute(0, 3, 1, 2)  # [T, 3, H, W] uint8
-        out = fit_image(x, size).permute(0, 2, 3, 1).contiguous().numpy()
-        if enc is None:
-            enc = VideoEncoder(dst, fps, size, size, pix_fmt="yuv444p" if lossless else "yuv420p",
-                               crf=0 if lossless else None)  # fmt: skip
-        enc.write(out)
-        buf.clear()
-
     try:
         with av.open(str(src)) as c:
             for f in c.decode(video=0):
@@ -63,15 +54,21 @@ def resize_video(src: Path, dst: Path, size: int, fps: int, lossless: bool = Tru
                 buf.append(f.to_ndarray(format="rgb24"))
                 n += 1
                 if len(buf) == batch:
-                    flush()
+                    enc.write(_fit(buf, size))
+                    buf.clear()
         if buf:
-            flush()
+            enc.write(_fit(buf, size))
     finally:
-        if enc is not None:
-            enc.close()
+        enc.close()
     if n == 0:
         raise ValueError(f"{src}: no frames")
     return n
+
+
+def _fit(frames: list[np.ndarray], size: int) -> np.ndarray:
+    """uint8 [H, W, 3] frames -> uint8 [T, size, size, 3] through ``fit_image``."""
+    x = torch.from_numpy(np.stack(frames)).permute(0, 3, 1, 2)  # [T, 3, H, W]
+    return fit_image(x, size).permute(0, 2, 3, 1).contiguous().numpy()
 
 
 def resize_dataset(src: str | Path, dst: str | Path, size: int, lossless: bool = True) -> dict:
@@ -80,21 +77,11 @@ def resize_dataset(src: str | Path, dst: str | Path, size: int, lossless: bool =
     src, dst = Path(src), Path(dst)
     if not isinstance(size, int) or not 8 <= size <= 4096:
         raise ValueError(f"size must be an int in [8, 4096], got {size!r}")
-    if dst.exists():
-        raise ValueError(f"{dst} exists: resize_dataset writes a new dataset")
     info = fmt.load_info(src)
     videos = [k for k, f in info["features"].items() if f["dtype"] == "video"]
     if not videos:
         raise ValueError(f"{src}: has no video features to resize (features {sorted(info['features'])})")
-    tmp = dst.with_name(dst.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    try:
-        frames = _fill(src, tmp, info, videos, size, lossless)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)  # a half-made copy never stays behind
-        raise
-    tmp.rename(dst)
-    return frames
+    return write_new_dataset(dst, lambda tmp: _fill(src, tmp, info, videos, size, lossless), "resize_dataset")
 
 
 def _fill(src: Path, tmp: Path, info: dict, videos: list[str], size: int, lossless: bool) -> dict:

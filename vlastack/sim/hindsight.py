@@ -69,27 +69,17 @@ def hindsight_dataset(src: str | Path, dst: str | Path) -> dict:
     """Copy the Meta-World dataset at ``src`` to ``dst`` with hindsight grounding labels in place
     of the simulator's (module docstring) -> the new ``observation.environment_state`` feature.
     ``dst`` must not exist; videos are hard-linked (copied where links fail)."""
+    from vlastack.data.edit import write_new_dataset
     from vlastack.data.format import load_info
     from vlastack.data.samples import ACTION_KEY, STATE_KEY
 
-    src, dst = Path(src), Path(dst)
-    if dst.exists():
-        raise ValueError(f"{dst} exists: hindsight_dataset writes a new dataset")
+    src = Path(src)
     info = load_info(src)
     feats = info["features"]
     for k in (STATE_KEY, ACTION_KEY, "episode_index"):
         if k not in feats:
             raise ValueError(f"{src}: needs {k!r} for hindsight labels; it has {sorted(feats)}")
-
-    tmp = dst.with_name(dst.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    try:
-        ft = _fill(src, tmp, feats)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)  # a half-made copy never stays behind
-        raise
-    tmp.rename(dst)
-    return ft
+    return write_new_dataset(dst, lambda tmp: _fill(src, tmp, feats), "hindsight_dataset")
 
 
 def _link(s: str, d: str) -> None:
