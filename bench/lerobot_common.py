@@ -70,6 +70,15 @@ def write_json(path: Path, data) -> None:
     tmp.replace(path)
 
 
+def task_onehot(data: str | Path | None) -> bool:
+    """The dataset's observation.environment_state is the task as a one-hot (a ``vla data
+    task-onehot`` copy: every dimension named ``task=<text>``), not a simulator's state."""
+    info = read_json(Path(data) / "meta" / "info.json") if data else None
+    ft = ((info or {}).get("features") or {}).get("observation.environment_state") or {}
+    names = ft.get("names") or []
+    return bool(names) and all(isinstance(n, str) and n.startswith("task=") for n in names)
+
+
 def machine() -> dict:
     info = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
     model = next((ln.split(":", 1)[1].strip() for ln in info.splitlines() if ln.startswith("model name")), "")

@@ -78,6 +78,7 @@ from bench.lerobot_common import (
     machine,
     now,
     read_json,
+    task_onehot,
     versions,
     write_json,
 )
@@ -141,7 +142,8 @@ def ckpt_step(ckpt: Path) -> int | None:
 
 
 def data_features(data: Path) -> dict:
-    """--policy.input_features: the camera(s) and the robot state, channel-first as LeRobot wants."""
+    """--policy.input_features: the camera(s) and the robot state, channel-first as LeRobot wants;
+    and the environment state only where it is the task as a one-hot (never a simulator's state)."""
     feats = read_json(data / "meta" / "info.json")["features"]
     out = {}
     for key, ft in feats.items():
@@ -150,6 +152,8 @@ def data_features(data: Path) -> dict:
             out[key] = {"type": "VISUAL", "shape": [c, h, w]}
         elif key == "observation.state":
             out[key] = {"type": "STATE", "shape": list(ft["shape"])}
+        elif key == "observation.environment_state" and task_onehot(data):
+            out[key] = {"type": "ENV", "shape": list(ft["shape"])}
     if not any(v["type"] == "VISUAL" for v in out.values()) or "observation.state" not in out:
         sys.exit(f"{data}: expected an image/video feature and observation.state in meta/info.json")
     return out
@@ -323,6 +327,13 @@ def finish(run: Path, args: argparse.Namespace, vers: dict, plan: dict, ledger: 
         non_default["policy.resize_shape"] = {
             "value": [plan["resize"]] * 2,
             "why": "opt-in (--resize): default None feeds 480 px frames to ResNet18; vlastack's policy sees 128 px",
+        }
+    if task_onehot(plan["data"]):
+        non_default["policy.input_features"] = {
+            "value": "observation.image + observation.state + observation.environment_state (the task as a one-hot)",
+            "why": "the task identity vlastack's policy reads from its prompt, through the environment-state input "
+            "LeRobot's ACT and Diffusion Policy have (vla data task-onehot; the simulator's state is not in that "
+            "dataset); scripts/lerobot_policy_server.py --task-onehot sends it from the prompt",
         }
     for e in plan.get("extra", []):
         non_default[e.split("=", 1)[0].lstrip("-")] = {"value": e.split("=", 1)[-1], "why": "given after --"}

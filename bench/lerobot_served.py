@@ -13,7 +13,8 @@ episode count as vlastack's rows). ``--resize R`` resizes the evaluator's frames
 ``fit_image`` before LeRobot's preprocessor: the policy trained on a ``vla data resize`` copy sees
 at evaluation what it saw in training. ``--set FIELD=JSON`` overrides policy config fields at load
 (e.g. ACT's ``n_action_steps``, ``temporal_ensemble_coeff``): both land in ``eval.json``'s
-``server`` entry. The evaluation resumes (``vla eval --resume``) when run again with the same
+``server`` entry. A run trained on a ``vla data task-onehot`` copy is served with
+``--task-onehot`` (the prompt's task as its one-hot environment state). The evaluation resumes (``vla eval --resume``) when run again with the same
 arguments.
 """
 
@@ -31,12 +32,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.lerobot_common import LAST, LEROBOT_PYTHON, OUT, RUN_INFO, machine, read_json
+from bench.lerobot_common import LAST, LEROBOT_PYTHON, OUT, PLAN, RUN_INFO, machine, read_json, task_onehot
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def start_server(py: str, policy: Path, resize: int | None, sets: list[str], threads: int, log: Path):
+def start_server(py: str, policy: Path, resize: int | None, sets: list[str], threads: int, log: Path,
+                 onehot: str | None = None):  # fmt: skip
     """The LeRobot policy server on a free port -> (process, port); waits for its 'serving' line."""
     cmd = [py, str(ROOT / "scripts" / "lerobot_policy_server.py"), "--policy", str(policy), "--env", "metaworld",
            "--port", "0", "--threads", str(threads)]  # fmt: skip
@@ -44,6 +46,8 @@ def start_server(py: str, policy: Path, resize: int | None, sets: list[str], thr
         cmd += ["--resize", str(resize)]
     for s in sets:
         cmd += ["--set", s]
+    if onehot:
+        cmd += ["--task-onehot", onehot]
     env = dict(os.environ, HF_HUB_OFFLINE="1", MUJOCO_GL=os.environ.get("MUJOCO_GL", "egl"))
     with log.open("w") as fh:  # the server keeps its own copy of the descriptor
         proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, env=env)
@@ -86,8 +90,10 @@ def main() -> None:
         sys.exit(f"no LeRobot policy at {policy}")
     out = Path(args.out) if args.out else run / ("eval_val" if args.seed >= 2000 else "eval_vla")
     out.mkdir(parents=True, exist_ok=True)
+    data = (read_json(run / PLAN) or {}).get("data")
+    onehot = data if task_onehot(data) else None  # trained with the task one-hot: served with it
     proc, port, server_cmd = start_server(args.lerobot_python, policy.resolve(), args.resize, args.set,
-                                          args.threads, out / "server.log")  # fmt: skip
+                                          args.threads, out / "server.log", onehot)  # fmt: skip
     argv = ["eval", "--policy", f"ws://127.0.0.1:{port}", "--config", args.config, "--out", str(out),
             "--resume", "--workers", str(args.workers), "--episodes-per-task", str(args.episodes_per_task),
             "--seed", str(args.seed), "--videos", "0"]  # fmt: skip
@@ -115,7 +121,7 @@ def main() -> None:
     trial = {"trial": args.trial, "run": str(run), "cpu_hours": info.get("cpu_hours"),
              "steps": info.get("step_reached"), "batch_size": int(batch),
              "data": info.get("data"), "non_default": info.get("non_default"),
-             "server": {"resize": args.resize, "set": args.set, "command": server_cmd},
+             "server": {"resize": args.resize, "set": args.set, "task_onehot": onehot, "command": server_cmd},
              "evaluator": "vla eval (ws:// LeRobot policy server)",
              "date": datetime.date.today().isoformat(), "machine": info.get("machine") or machine()}  # fmt: skip
     res = load()

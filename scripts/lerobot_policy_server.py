@@ -24,8 +24,11 @@ every step and the policy's own queue decides when it recomputes a chunk.
 ``--resize R`` resizes every image to RxR with vlastack's ``fit_image`` before step 1, for a policy
 trained on a ``vla data resize`` copy (LeRobot's ACT has no resize of its own); ``--set FIELD=JSON``
 overrides policy config fields at load, for inference-time settings such as ACT's
-``n_action_steps`` or ``temporal_ensemble_coeff``. Both are in the metadata (``resize``,
-``overrides``), so ``eval.json`` records them.
+``n_action_steps`` or ``temporal_ensemble_coeff``. ``--task-onehot DATASET``, for a policy trained
+on a ``vla data task-onehot`` copy, sends the prompt's task as the one-hot
+``observation.environment_state`` (by the copy's ``info.json`` names, ``task=<text>``); a prompt
+that is not one of its tasks is refused. All three are in the metadata (``resize``, ``overrides``,
+``task_onehot``), so ``eval.json`` records them.
 
 Wire format: openpi's msgpack-numpy, decoded by vlastack's hardened reader (``vlastack/infer/wire.py``,
 loaded by path: it needs only msgpack and numpy) — no pickle. Needs ``websockets`` and ``msgpack``
@@ -71,6 +74,17 @@ def _load(name: str, path: Path):
     return mod
 
 
+def load_task_names(dataset: str) -> list[str]:
+    """A ``vla data task-onehot`` copy's task texts, in one-hot order (its info.json names)."""
+    info = json.loads((Path(dataset) / "meta" / "info.json").read_text())
+    names = (info["features"].get("observation.environment_state") or {}).get("names") or []
+    if not names or not all(isinstance(n, str) and n.startswith("task=") for n in names):
+        raise ValueError(
+            f"{dataset}: observation.environment_state is not a task one-hot (vla data task-onehot)"
+        )
+    return [n[len("task=") :] for n in names]
+
+
 class LeRobotSide:
     """One LeRobot policy folder, loaded as lerobot-eval loads it; ``session()`` gives a connection
     its own copy (the policy's queues are per episode)."""
@@ -82,6 +96,7 @@ class LeRobotSide:
         device: str | None,
         resize: int | None = None,
         overrides: dict[str, Any] | None = None,
+        task_onehot: str | None = None,
     ) -> None:
         import torch
         from lerobot.configs.policies import PreTrainedConfig
@@ -96,6 +111,7 @@ class LeRobotSide:
                 raise ValueError(f"--set {k}: {cfg.type}'s config has no field {k!r}")
             setattr(cfg, k, v)
         self.resize = resize
+        self.tasks = load_task_names(task_onehot) if task_onehot else None
         self.fit_image = load_transforms().fit_image if resize else None
         self.env_cfg = None
         if env:
@@ -124,6 +140,12 @@ class LeRobotSide:
         self.cameras = {
             k.split(".")[-1] if k.startswith("observation.images.") else "image": k for k in visual
         }
+        env_ft = cfg.input_features.get("observation.environment_state")
+        if self.tasks is not None and (env_ft is None or list(env_ft.shape) != [len(self.tasks)]):
+            raise ValueError(
+                f"--task-onehot: {len(self.tasks)} tasks, but the policy's environment state is "
+                f"{None if env_ft is None else list(env_ft.shape)}"
+            )
         action = cfg.output_features.get("action")
         self.action_dim = int(action.shape[0]) if action is not None else None
         self.torch = torch
@@ -140,6 +162,9 @@ class LeRobotSide:
             "server": "scripts/lerobot_policy_server.py",
             "resize": resize,
             "overrides": dict(overrides or {}),
+            "task_onehot": None
+            if task_onehot is None
+            else {"dataset": str(task_onehot), "tasks": self.tasks},
         }
 
     def session(self) -> Any:
@@ -169,6 +194,11 @@ class LeRobotSide:
             raw["pixels"] = images
         if "observation/state" in msg:
             raw["agent_pos"] = np.asarray(msg["observation/state"], np.float32)[None]
+        if self.tasks is not None:
+            prompt = str(msg.get("prompt", ""))
+            if prompt not in self.tasks:
+                raise ValueError(f"prompt {prompt!r} is not one of the policy's {len(self.tasks)} tasks")
+            raw["environment_state"] = np.eye(len(self.tasks), dtype=np.float32)[[self.tasks.index(prompt)]]
         obs = preprocess_observation(raw)
         obs["task"] = [str(msg.get("prompt", ""))]
         if self.env_pre is not None:
@@ -198,10 +228,11 @@ def serve(side: LeRobotSide, host: str, port: int, max_bytes: int) -> None:
     lock = threading.Lock()  # one forward pass at a time: torch threads are the parallelism
 
     def handler(ws) -> None:
+        peer = ws.remote_address  # read now: after an abrupt close the socket has no peer left
         try:
             answer(ws)
         except ConnectionClosed:  # an eval worker that exits without a close frame
-            log.info("client %s went away", ws.remote_address)
+            log.info("client %s went away", peer)
 
     def answer(ws) -> None:
         policy = side.session()
@@ -254,6 +285,10 @@ def main() -> int:
         "--set", action="append", default=[], metavar="FIELD=JSON",
         help="override a policy config field at load (JSON value), e.g. n_action_steps=8; repeatable",
     )  # fmt: skip
+    ap.add_argument(
+        "--task-onehot", default=None, metavar="DATASET",
+        help="a `vla data task-onehot` copy: send the prompt's task as its one-hot environment state",
+    )  # fmt: skip
     args = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     if args.threads:
@@ -269,7 +304,7 @@ def main() -> int:
             overrides[k.strip()] = json.loads(v)
         except json.JSONDecodeError:
             overrides[k.strip()] = v  # a bare string
-    side = LeRobotSide(args.policy, args.env, args.device, args.resize, overrides)
+    side = LeRobotSide(args.policy, args.env, args.device, args.resize, overrides, args.task_onehot)
     serve(side, args.host, args.port, int(args.max_message_mb * 2**20))
     return 0
 

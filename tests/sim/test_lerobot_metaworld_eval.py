@@ -239,3 +239,30 @@ def test_pipeline_reruns_train_for_a_finished_run_without_run_json(tmp_path, mon
     with pytest.raises(SystemExit, match="recorded"):
         bm.lerobot_stage("mt10", "act", tmp_path / "mt10", tmp_path / "mt10", "vlastack", 1)
     assert calls == ["train", "eval"]
+
+
+def test_input_features_take_a_task_onehot_never_a_simulator_state(tmp_path):
+    """LeRobot's policies get observation.environment_state only where it is the task as a one-hot
+    (a `vla data task-onehot` copy); a simulator's state stays out of their inputs."""
+    from bench.lerobot_common import task_onehot
+    from bench.lerobot_metaworld import data_features
+
+    def dataset(name: str, names: list[str] | None) -> object:
+        (tmp_path / name / "meta").mkdir(parents=True)
+        feats = {
+            "observation.image": {"dtype": "video", "shape": [128, 128, 3]},
+            "observation.state": {"dtype": "float32", "shape": [4]},
+            "observation.environment_state": {
+                "dtype": "float32",
+                "shape": [len(names or [0] * 39)],
+                "names": names,
+            },
+        }
+        (tmp_path / name / "meta" / "info.json").write_text(json.dumps({"features": feats}))
+        return tmp_path / name
+
+    sim, onehot = dataset("sim", None), dataset("onehot", ["task=a", "task=b"])
+    assert not task_onehot(sim) and task_onehot(onehot) and not task_onehot(None)
+    assert "observation.environment_state" not in data_features(sim)
+    assert data_features(onehot)["observation.environment_state"] == {"type": "ENV", "shape": [2]}
+    assert data_features(onehot)["observation.image"] == {"type": "VISUAL", "shape": [3, 128, 128]}

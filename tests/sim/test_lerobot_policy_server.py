@@ -109,3 +109,95 @@ def test_a_lerobot_act_policy_scored_by_vla_eval(tmp_path):
     assert res["server"]["policy"].startswith("lerobot act") and res["server"]["lerobot_version"] == "0.6.1"
     # the evaluator's 64 px frames went through fit_image to 48 px; the chunk setting was overridden
     assert res["server"]["resize"] == 48 and res["server"]["overrides"] == {"n_action_steps": 3}
+
+
+def _server_module():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "lerobot_policy_server", ROOT / "scripts" / "lerobot_policy_server.py"
+    )
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _onehot_dataset(root: Path, tasks: list[str]) -> Path:
+    """The one file of a `vla data task-onehot` copy the server reads: info.json's names."""
+    (root / "meta").mkdir(parents=True)
+    names = [f"task={t}" for t in tasks]
+    info = {
+        "features": {
+            "observation.environment_state": {"dtype": "float32", "shape": [len(tasks)], "names": names}
+        }
+    }
+    (root / "meta" / "info.json").write_text(json.dumps(info))
+    return root
+
+
+def test_task_onehot_names_are_read_in_order_and_a_state_dataset_is_refused(tmp_path):
+    server = _server_module()
+    tasks = ["Push the puck to a goal", "Reach a goal position"]
+    assert server.load_task_names(str(_onehot_dataset(tmp_path / "a", tasks))) == tasks
+    sim = tmp_path / "b" / "meta"
+    sim.mkdir(parents=True)
+    sim.joinpath("info.json").write_text(
+        json.dumps({"features": {"observation.environment_state": {"names": None}}})
+    )
+    with pytest.raises(ValueError, match="not a task one-hot"):
+        server.load_task_names(str(tmp_path / "b"))
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(
+    not LEROBOT_PY.exists(), reason="LeRobot's venv is not installed (scripts/setup_lerobot_venv.sh)"
+)
+def test_a_task_onehot_act_policy_gets_the_prompts_task(tmp_path):
+    """An ACT policy with a 2-d environment-state input, served with ``--task-onehot``: the prompt's
+    task reaches the policy as its one-hot (the two tasks' actions differ on the same frames), a
+    prompt outside the tasks is refused with an error frame, and the metadata names the tasks."""
+    folder = tmp_path / "act"
+    subprocess.run(
+        [str(LEROBOT_PY), str(ROOT / "scripts" / "make_lerobot_act_policy.py"), str(folder), "32", "--env-state=2"],
+        check=True,
+    )  # fmt: skip
+    tasks = ["Reach a goal position", "Push the puck to a goal"]
+    data = _onehot_dataset(tmp_path / "data", tasks)
+    log = (tmp_path / "server.log").open("w")
+    proc = subprocess.Popen(
+        [str(LEROBOT_PY), str(ROOT / "scripts" / "lerobot_policy_server.py"), "--policy", str(folder),
+         "--port", "0", "--threads", "1", "--task-onehot", str(data)],
+        stderr=log, stdout=log,
+    )  # fmt: skip
+    try:
+        port = None
+        deadline = time.time() + 180
+        while port is None and time.time() < deadline and proc.poll() is None:
+            m = re.search(r"serving ws://127.0.0.1:(\d+)", (tmp_path / "server.log").read_text())
+            port = int(m.group(1)) if m else time.sleep(0.5)
+        assert port, (tmp_path / "server.log").read_text()[-2000:]
+        from websockets.sync.client import connect
+
+        img = np.random.default_rng(0).integers(0, 255, (32, 32, 3), dtype=np.uint8)
+        with connect(f"ws://127.0.0.1:{port}", max_size=None) as ws:
+            meta = unpackb(ws.recv(), 1 << 24)
+            assert meta["task_onehot"] == {"dataset": str(data), "tasks": tasks}
+            out = {}
+            for prompt in tasks:
+                ws.send(packb({"reset": True}))
+                ws.recv()
+                obs = {
+                    "observation/image": img,
+                    "observation/state": np.zeros(4, np.float32),
+                    "prompt": prompt,
+                }
+                ws.send(packb(obs))
+                out[prompt] = unpackb(ws.recv(), 1 << 24)["actions"]
+            assert not np.allclose(out[tasks[0]], out[tasks[1]])
+            ws.send(packb(obs | {"prompt": "Open a door"}))
+            reply = ws.recv()
+            assert isinstance(reply, str) and "not one of the policy's 2 tasks" in reply
+    finally:
+        proc.terminate()
+        proc.wait(30)
+        log.close()

@@ -1,4 +1,4 @@
-"""``vla data info | view | convert | check | resize`` (``vla data generate`` lives in vlastack/commands/sim.py)."""
+"""``vla data info | view | convert | check | resize | task-onehot`` (``vla data generate`` lives in vlastack/commands/sim.py)."""
 
 from __future__ import annotations
 
@@ -108,6 +108,16 @@ def cmd_resize(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_task_onehot(args: argparse.Namespace) -> int:
+    from vlastack.data.edit import task_onehot_dataset
+
+    ft = task_onehot_dataset(args.path, args.out)
+    print(
+        f"{args.out}: {args.path} with observation.environment_state = the task as a one-hot over {ft['shape'][0]} tasks"
+    )
+    return 0
+
+
 def register(sub, groups) -> None:
     g = groups["data"]
     p = g.add_parser("check", help="find NaN/inf values, bad stats and shape mismatches (by key, episode)")
@@ -143,3 +153,10 @@ def register(sub, groups) -> None:
         help="lossless: yuv444p H.264 crf 0 (default); standard: yuv420p crf 23",
     )  # fmt: skip
     p.set_defaults(func=cmd_resize)
+    p = g.add_parser(
+        "task-onehot",
+        help="a copy whose observation.environment_state is the task as a one-hot (for policies without language)",
+    )
+    p.add_argument("path", help="a LeRobot v3 dataset (read only)")
+    p.add_argument("--out", required=True, help="the new dataset folder (must not exist)")
+    p.set_defaults(func=cmd_task_onehot)

@@ -1,4 +1,4 @@
-"""Add a feature computed from a LeRobot v3 dataset's own columns, in place, as LeRobot lays it out.
+"""Edit a LeRobot v3 dataset's columns, in place, as LeRobot lays it out; write edited copies.
 
     add_feature("data/mt10", "observation.environment_uv.image", ["observation.environment_state"],
                 lambda cols: points_uv(cols["observation.environment_state"]))
@@ -9,6 +9,11 @@ its statistics. Videos are untouched. ``vla data add-uv`` uses it to give a Meta
 recorded without them (e.g. LeRobot's ``lerobot/metaworld_mt50``) the grounding points' image
 positions that ``model.grounding.attend_weight`` needs.
 
+``drop_features`` removes columns the same way; ``task_onehot_dataset`` writes a copy whose
+``observation.environment_state`` is the task as a one-hot (``vla data task-onehot``): how a policy
+without a language input (LeRobot's ACT, Diffusion Policy) gets the task identity a VLA reads from
+its prompt, through the environment-state input both already have (issue #64).
+
 Every file is written to a temporary name and renamed over the old one, data files first and
 ``info.json`` last: an interrupted run leaves files that still read as the old dataset or the new
 one, and running it again finishes the job.
@@ -16,6 +21,7 @@ one, and running it again finishes the job.
 
 from __future__ import annotations
 
+import os
 import shutil
 from collections.abc import Callable
 from pathlib import Path
@@ -30,6 +36,7 @@ from vlastack.data.stats import exact_stats, stats_from_json, stats_to_json
 from vlastack.fileio import read_json
 
 T = TypeVar("T")
+TASK_PREFIX = "task="  # the per-dimension names of a task one-hot: "task=<the task's text>"
 
 
 def write_new_dataset(dst: str | Path, fill: Callable[[Path], T], what: str = "this") -> T:
@@ -48,6 +55,28 @@ def write_new_dataset(dst: str | Path, fill: Callable[[Path], T], what: str = "t
         raise
     tmp.rename(dst)
     return out
+
+
+def _link(s: str, d: str) -> None:
+    """Hard-link a file that is not changed (a video); copy where the file system refuses."""
+    try:
+        os.link(s, d)
+    except OSError:
+        shutil.copy2(s, d)
+
+
+def copy_dataset_files(src: str | Path, dst: str | Path) -> None:
+    """Copy the dataset folder ``src`` into ``dst`` to be edited there; videos are hard links."""
+    src, dst = Path(src), Path(dst)
+    for sub in sorted(src.iterdir()):
+        target = dst / sub.name
+        if sub.name == "videos":
+            shutil.copytree(sub, target, copy_function=_link)
+        elif sub.is_dir():
+            shutil.copytree(sub, target)
+        else:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(sub, target)
 
 
 def _write_table(table: pa.Table, path: Path) -> None:
@@ -131,3 +160,67 @@ def add_feature(
     info["features"] = {k: f for k, f in features.items() if k != key} | {key: new_ft}
     fmt.write_json_atomic(root / fmt.INFO_PATH, info)
     return new_ft
+
+
+def drop_features(root: str | Path, keys: list[str]) -> list[str]:
+    """Remove the features ``keys`` (those present) from the dataset at ``root``: data columns,
+    ``info.json``, ``stats.json`` and the per-episode statistics -> the keys removed. A video or a
+    LeRobot default feature (index, timestamp, ...) is a ValueError."""
+    root = Path(root)
+    info = fmt.load_info(root)
+    features = info["features"]
+    keys = [k for k in keys if k in features]
+    bad = [k for k in keys if k in fmt.DEFAULT_FEATURES or features[k]["dtype"] in ("video", "image")]
+    if bad:
+        raise ValueError(f"{root}: cannot drop {bad} (LeRobot's default columns or images)")
+    if not keys:
+        return []
+    keep = {k: f for k, f in features.items() if k not in keys}
+    for path in sorted((root / "data").glob("chunk-*/file-*.parquet")):
+        table = fmt.read_parquet(path)
+        table = table.drop_columns([k for k in keys if k in table.column_names])
+        schema = fmt.data_schema({k: keep[k] for k in table.column_names if k in keep})
+        _write_table(table.select(schema.names).cast(schema), path)
+    for path in sorted((root / "meta" / "episodes").glob("chunk-*/file-*.parquet")):
+        eps = fmt.read_parquet(path)
+        gone = [c for c in eps.column_names if any(c.startswith(f"stats/{k}/") for k in keys)]
+        _write_table(eps.drop_columns(gone), path)
+    stats_path = root / fmt.STATS_PATH
+    if stats_path.is_file():
+        stats = read_json(stats_path)
+        fmt.write_json_atomic(stats_path, {k: v for k, v in stats.items() if k not in keys})
+    info["features"] = keep
+    fmt.write_json_atomic(root / fmt.INFO_PATH, info)
+    return keys
+
+
+def task_onehot_dataset(src: str | Path, dst: str | Path) -> dict:
+    """Copy the dataset at ``src`` to ``dst`` (which must not exist; videos hard-linked) with
+    ``observation.environment_state`` = the frame's task as a one-hot over ``meta/tasks.parquet``
+    (float32 [T], dimension i named ``task=<task i's text>``), and every other environment column
+    (a simulator's state, its image positions) removed -> the new feature's info entry.
+
+    A policy trained on the copy reads the task where LeRobot's ACT and Diffusion Policy read an
+    environment state; at evaluation ``scripts/lerobot_policy_server.py --task-onehot DATASET``
+    builds the same vector from the prompt, by these names."""
+    from vlastack.data.samples import ENV_KEY, ENV_UV_KEY
+
+    src = Path(src)
+    info = fmt.load_info(src)
+    if "task_index" not in info["features"]:
+        raise ValueError(f"{src}: no task_index column")
+    tasks = fmt.load_tasks(src)
+    n = len(tasks)
+
+    def onehot(cols: dict[str, np.ndarray]) -> np.ndarray:
+        idx = cols["task_index"].reshape(-1).astype(np.int64)
+        if idx.min() < 0 or idx.max() >= n:
+            raise ValueError(f"{src}: task_index outside the {n} tasks of {fmt.TASKS_PATH}")
+        return np.eye(n, dtype=np.float32)[idx]
+
+    def fill(tmp: Path) -> dict:
+        copy_dataset_files(src, tmp)
+        drop_features(tmp, [k for k in info["features"] if k == ENV_KEY or k.startswith(ENV_UV_KEY + ".")])
+        return add_feature(tmp, ENV_KEY, ["task_index"], onehot, names=[TASK_PREFIX + t for t in tasks])
+
+    return write_new_dataset(dst, fill, "task_onehot_dataset")

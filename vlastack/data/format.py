@@ -134,6 +134,25 @@ def load_info(root: Path) -> dict[str, Any]:
     return info
 
 
+def load_tasks(root: Path) -> list[str]:
+    """``meta/tasks.parquet`` -> the task texts, in task_index order."""
+    path = Path(root) / TASKS_PATH
+    table = read_parquet(path)
+    # lerobot stores the text as the pandas index: `__index_level_0__` when unnamed (what
+    # lerobot writes), or a named index column (e.g. `task`) in older or converted datasets.
+    cols = table.column_names
+    pandas_meta = json.loads((table.schema.metadata or {}).get(b"pandas", b"{}"))
+    index_cols = [c for c in pandas_meta.get("index_columns", []) if isinstance(c, str)]
+    cands = ["task", *index_cols, "__index_level_0__"]
+    text = next((c for c in cands if c in cols and c != "task_index"), None)
+    if text is None or "task_index" not in cols:
+        raise ValueError(f"{path}: needs columns 'task' and 'task_index', has {cols}")
+    out: dict[int, str] = dict(zip(table["task_index"].to_pylist(), table[text].to_pylist()))
+    if sorted(out) != list(range(len(out))):
+        raise ValueError(f"{path}: task_index must be 0..{len(out) - 1}, got {sorted(out)}")
+    return [out[i] for i in range(len(out))]
+
+
 def write_json_atomic(path: Path, data: Any) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(path.suffix + ".tmp")

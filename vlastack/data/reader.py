@@ -14,7 +14,6 @@ Video decoders are opened lazily per process, so DataLoader workers each get the
 from __future__ import annotations
 
 import io
-import json
 import os
 from pathlib import Path
 from typing import Any
@@ -66,8 +65,7 @@ class LeRobotDataset:
         for k in self.delta_indices:
             if k not in self.features or self.features[k]["dtype"] in ("video", "image"):
                 raise ValueError(f"delta_indices key {k!r} is not a low-dim feature of {self.root}")
-        tasks = fmt.read_parquet(self.root / fmt.TASKS_PATH)
-        self.tasks = self._task_list(tasks)
+        self.tasks = fmt.load_tasks(self.root)
         sp = self.root / fmt.STATS_PATH
         self.stats = stats_from_json(read_json(sp)) if sp.is_file() else {}
         self.all_episodes = self._load_episodes()
@@ -83,21 +81,6 @@ class LeRobotDataset:
         self._pid = os.getpid()
 
     # ------------------------------------------------------------------ loading
-    def _task_list(self, table: pa.Table) -> list[str]:
-        # lerobot stores the text as the pandas index: `__index_level_0__` when unnamed (what
-        # lerobot writes), or a named index column (e.g. `task`) in older or converted datasets.
-        cols = table.column_names
-        pandas_meta = json.loads((table.schema.metadata or {}).get(b"pandas", b"{}"))
-        index_cols = [c for c in pandas_meta.get("index_columns", []) if isinstance(c, str)]
-        cands = ["task", *index_cols, "__index_level_0__"]
-        text = next((c for c in cands if c in cols and c != "task_index"), None)
-        if text is None or "task_index" not in cols:
-            raise ValueError(
-                f"{self.root / fmt.TASKS_PATH}: needs columns 'task' and 'task_index', has {cols}"
-            )
-        out: dict[int, str] = dict(zip(table["task_index"].to_pylist(), table[text].to_pylist()))
-        return [out[i] for i in range(len(out))]
-
     def _load_episodes(self) -> list[dict[str, Any]]:
         files = sorted((self.root / "meta" / "episodes").glob("*/*.parquet"))
         if not files:

@@ -24,8 +24,6 @@ is gone from the copy, so a policy trained on it cannot have seen it. Videos are
 
 from __future__ import annotations
 
-import os
-import shutil
 from pathlib import Path
 
 import numpy as np
@@ -82,30 +80,14 @@ def hindsight_dataset(src: str | Path, dst: str | Path) -> dict:
     return write_new_dataset(dst, lambda tmp: _fill(src, tmp, feats), "hindsight_dataset")
 
 
-def _link(s: str, d: str) -> None:
-    """Hard-link a video (it is not changed); copy where the file system refuses."""
-    try:
-        os.link(s, d)
-    except OSError:
-        shutil.copy2(s, d)
-
-
 def _fill(src: Path, tmp: Path, feats: dict) -> dict:
     """``hindsight_dataset``'s work, into ``tmp``."""
-    from vlastack.data.edit import add_feature
+    from vlastack.data.edit import add_feature, copy_dataset_files
     from vlastack.data.samples import ACTION_KEY, ENV_KEY, ENV_UV_KEY, STATE_KEY
     from vlastack.sim.generate import ENV_UV_NAMES
     from vlastack.sim.metaworld import fixed_camera, project
 
-    for sub in sorted(p for p in src.iterdir()):
-        target = tmp / sub.name
-        if sub.name == "videos":
-            shutil.copytree(sub, target, copy_function=_link)
-        elif sub.is_dir():
-            shutil.copytree(sub, target)
-        else:
-            target.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(sub, target)
+    copy_dataset_files(src, tmp)
     inputs = [STATE_KEY, ACTION_KEY, "episode_index"]
     ft = add_feature(
         tmp, ENV_KEY, inputs, lambda c: hindsight_points(c[STATE_KEY], c[ACTION_KEY], c["episode_index"]),
