@@ -191,3 +191,13 @@ def record_validation(res: dict, suite: str, name: str, ev: dict, trial: dict) -
     trials = res.setdefault(suite, {}).setdefault("tuning", {}).setdefault(name, [])
     trials[:] = [t for t in trials if t.get("trial") != entry.get("trial")] + [entry]
     return entry
+
+
+def record_stopped_trial(res: dict, suite: str, name: str, trial: dict, why: str) -> dict:
+    """A tuning trial stopped before its budget and never scored (``why``: the training evidence)
+    -> kept in ``res[suite]["tuning"][name]`` beside the scored ones, ``mean`` null, so the list
+    shows every recipe tried, not only those that were validated."""
+    entry = {**trial, "stopped": why, "seeds": [], "per_task": {}, "mean": None, "ci95": None}
+    trials = res.setdefault(suite, {}).setdefault("tuning", {}).setdefault(name, [])
+    trials[:] = [t for t in trials if t.get("trial") != entry.get("trial")] + [entry]
+    return entry

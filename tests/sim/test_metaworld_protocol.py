@@ -92,3 +92,13 @@ def test_a_rows_lerobot_env_check_is_read_from_its_file(tmp_path, monkeypatch):
     check = protocol_fields("mt10", "vlastack_hindsight", row, rows)["lerobot_env_check"]
     assert check["episodes"] == 30 and check["same_outcome"] == 28 and check["agree"] is True
     assert protocol_fields("mt10", "unknown_row", row, rows)["lerobot_env_check"] is None
+
+
+def test_a_stopped_trial_is_kept_unscored_beside_the_scored_ones():
+    from bench.metaworld_protocol import record_stopped_trial
+
+    res = {"mt10": {"tuning": {"act": [{"trial": "t1", "mean": 0.17}]}}}
+    e = record_stopped_trial(res, "mt10", "act", {"trial": "t2", "cpu_hours": 0.5}, "loss flat")
+    assert e["mean"] is None and e["stopped"] == "loss flat" and e["cpu_hours"] == 0.5
+    record_stopped_trial(res, "mt10", "act", {"trial": "t2"}, "again")  # the same trial replaces itself
+    assert [(t["trial"], t["mean"]) for t in res["mt10"]["tuning"]["act"]] == [("t1", 0.17), ("t2", None)]
