@@ -14,8 +14,8 @@ episode count as vlastack's rows). ``--resize R`` resizes the evaluator's frames
 at evaluation what it saw in training. ``--set FIELD=JSON`` overrides policy config fields at load
 (e.g. ACT's ``n_action_steps``, ``temporal_ensemble_coeff``): both land in ``eval.json``'s
 ``server`` entry. A run trained on a ``vla data task-onehot`` copy is served with
-``--task-onehot`` (the prompt's task as its one-hot environment state). The evaluation resumes (``vla eval --resume``) when run again with the same
-arguments.
+``--task-onehot`` (the prompt's task as its one-hot environment state). The evaluation resumes
+(``vla eval --resume``) when run again with the same arguments.
 """
 
 from __future__ import annotations
