@@ -32,7 +32,17 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.lerobot_common import LAST, LEROBOT_PYTHON, OUT, PLAN, RUN_INFO, machine, read_json, task_onehot
+from bench.lerobot_common import (
+    LAST,
+    LEDGER,
+    LEROBOT_PYTHON,
+    OUT,
+    PLAN,
+    RUN_INFO,
+    machine,
+    read_json,
+    task_onehot,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -90,7 +100,8 @@ def main() -> None:
         sys.exit(f"no LeRobot policy at {policy}")
     out = Path(args.out) if args.out else run / ("eval_val" if args.seed >= 2000 else "eval_vla")
     out.mkdir(parents=True, exist_ok=True)
-    data = (read_json(run / PLAN) or {}).get("data")
+    plan = read_json(run / PLAN) or {}
+    data = plan.get("data")
     onehot = data if task_onehot(data) else None  # trained with the task one-hot: served with it
     proc, port, server_cmd = start_server(args.lerobot_python, policy.resolve(), args.resize, args.set,
                                           args.threads, out / "server.log", onehot)  # fmt: skip
@@ -118,8 +129,11 @@ def main() -> None:
 
     info = read_json(run / RUN_INFO) or {}
     batch = (info.get("non_default") or {}).get("batch_size", {}).get("value", LEROBOT_DEFAULT_BATCH)
+    ledger = read_json(run / LEDGER) or []
+    # A run the watchdog stopped at the budget is scored at its last checkpoint, short of the plan.
     trial = {"trial": args.trial, "run": str(run), "cpu_hours": info.get("cpu_hours"),
-             "steps": info.get("step_reached"), "batch_size": int(batch),
+             "steps": info.get("step_reached"), "steps_planned": plan.get("steps"),
+             "stopped_at_budget": bool(ledger and ledger[-1].get("stopped_at_budget")), "batch_size": int(batch),
              "data": info.get("data"), "non_default": info.get("non_default"),
              "server": {"resize": args.resize, "set": args.set, "task_onehot": onehot, "command": server_cmd},
              "evaluator": "vla eval (ws:// LeRobot policy server)",
