@@ -69,6 +69,22 @@ def test_stateful_server_is_reset_every_episode_and_named_in_eval_json(tmp_path)
     assert saved["server"]["policy"] == "stand-in" and saved["server"]["needs_reset"] is True
 
 
+def test_a_served_policy_is_named_by_its_metadata_not_its_port():
+    """A served evaluation resumes after its server restarts on a new port (bench/lerobot_served.py
+    starts it with --port 0): the journal's policy identity is the host and the server's metadata."""
+    from vlastack.sim.evaluate import policy_identity
+
+    a, b, c = StatefulServer(), StatefulServer(), StatefulServer()
+    c.meta = {**c.meta, "policy": "another checkpoint"}
+    try:
+        ids = [policy_identity(f"ws://127.0.0.1:{s.port}") for s in (a, b, c)]
+    finally:
+        for s in (a, b, c):
+            s.server.shutdown()
+    assert a.port != b.port and ids[0] == ids[1] and ids[0] != ids[2]
+    assert ids[0] == {"name": "ws://127.0.0.1", "server": a.meta}
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(
     not LEROBOT_PY.exists(), reason="LeRobot's venv (scripts/setup_lerobot_venv.sh) is not installed"

@@ -465,7 +465,15 @@ def _run_jobs(spec, cfg: EvalConfig, env_kw, run_kw, jobs, names, name, lockstep
 
 def policy_identity(spec: Any) -> dict[str, Any]:
     """What names the policy for a resumed evaluation: its name and decoding options, and for a
-    checkpoint folder its files (name, size, mtime), so retrained weights never join a journal."""
+    checkpoint folder its files (name, size, mtime), so retrained weights never join a journal.
+    A served policy (``ws://host:port``) is named by its host and the metadata its server sends
+    (LeRobot's server: the checkpoint folder, resize, overrides), not by its port: a server
+    started again with ``--port 0`` (bench/lerobot_served.py) gets a new one."""
+    if isinstance(spec, str) and spec.startswith("ws://"):
+        from vlastack.sim.policies import server_metadata
+
+        host = spec[len("ws://") :].split("/", 1)[0].rsplit(":", 1)[0]
+        return {"name": f"ws://{host}", "server": server_metadata(spec)}
     out: dict[str, Any] = {"name": policy_name(spec), "decoding": list(getattr(spec, "decoding", ()))}
     folder = _checkpoint_dir(spec)
     if folder is not None:
