@@ -33,7 +33,7 @@ SIZES = [(512, 1024, 2048), (256, 512, 1024), (128, 256, 512)]
 BATCH, BUDGET_CPU_H = 8, 1.71
 
 
-def policy(down_dims: tuple[int, int, int]):
+def policy(down_dims: tuple[int, int, int]) -> torch.nn.Module:
     from lerobot.configs.types import FeatureType, PolicyFeature
     from lerobot.policies.diffusion.configuration_diffusion import DiffusionConfig
     from lerobot.policies.diffusion.modeling_diffusion import DiffusionPolicy

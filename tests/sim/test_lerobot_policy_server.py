@@ -72,12 +72,13 @@ def test_stateful_server_is_reset_every_episode_and_named_in_eval_json(tmp_path)
 def test_a_served_policy_is_named_by_its_metadata_not_its_port():
     """A served evaluation resumes after its server restarts on a new port (bench/lerobot_served.py
     starts it with --port 0): the journal's policy identity is the host and the server's metadata."""
-    from vlastack.sim.evaluate import policy_identity
+    from vlastack.sim.evaluate import policy_identity, served_metadata
 
     a, b, c = StatefulServer(), StatefulServer(), StatefulServer()
     c.meta = {**c.meta, "policy": "another checkpoint"}
     try:
-        ids = [policy_identity(f"ws://127.0.0.1:{s.port}") for s in (a, b, c)]
+        urls = [f"ws://127.0.0.1:{s.port}" for s in (a, b, c)]
+        ids = [policy_identity(u, served_metadata(u)) for u in urls]
     finally:
         for s in (a, b, c):
             s.server.shutdown()

@@ -5,11 +5,12 @@ step) takes hours on a 2-core CPU; a machine taken back, a SIGTERM or a Ctrl-C u
 it. ``vla eval --out DIR`` now writes each episode's record as it finishes (one JSON line, flushed)
 under a header holding a fingerprint of what decides the results: the policy (its folder's files:
 name, size, mtime; a served policy's host and server metadata, not its port), the environment and
-execution settings and the exact episode list (task, seed, recorded or not). ``vla eval ... --resume`` with the same settings runs only the episodes
-the journal lacks, and the eval.json it writes is the one an uninterrupted run writes (the same
-episodes, seeds and records; ``resumed_episodes`` says how many came from the journal). Another
-policy or setting is refused, not mixed in. Without ``--resume`` a journal left behind is
-replaced (the message says how many episodes ``--resume`` would have kept).
+execution settings and the exact episode list (task, seed, recorded or not). ``vla eval ...
+--resume`` with the same settings runs only the episodes the journal lacks, and the eval.json it
+writes is the one an uninterrupted run writes (the same episodes, seeds and records;
+``resumed_episodes`` says how many came from the journal). Another policy or setting is refused,
+not mixed in. Without ``--resume`` a journal left behind is replaced (the message says how many
+episodes ``--resume`` would have kept).
 
 Videos: an episode recorded for a video has its mp4 encoded as soon as it finishes (into
 ``videos/.candidates/``; the frames are then dropped), so episodes from an earlier segment keep

@@ -36,6 +36,7 @@ from concurrent.futures.process import BrokenProcessPool
 from dataclasses import asdict, fields, replace
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import numpy as np
 
@@ -342,8 +343,9 @@ def evaluate(
             "a policy object cannot be sent to worker processes; pass a spec ('random', 'expert', a "
             "checkpoint path or a picklable factory) or use num_workers=0 without ray_address"
         )
-    cameras = tuple(cameras) if cameras is not None else _policy_cameras(policy_factory, cfg.suite)
-    representation = policy_representation(policy_factory, cfg.action_representation, cfg.suite)
+    served = served_metadata(policy_factory)  # one round trip to a ws:// server for the whole evaluation
+    cameras = tuple(cameras) if cameras is not None else _policy_cameras(policy_factory, cfg.suite, served)
+    representation = policy_representation(policy_factory, cfg.action_representation, cfg.suite, served)
     env_kw = {"image_size": cfg.image_size, "cameras": cameras, "suite": cfg.suite,
               "render_quality": cfg.render_quality, "max_steps": cfg.max_steps}  # fmt: skip
     if representation != "delta":  # the other suites' envs take deltas only (checked above)
@@ -380,7 +382,7 @@ def evaluate(
     if out_dir is not None:
         from vlastack.sim.eval_journal import EvalJournal
 
-        what = {"policy": policy_identity(policy_factory), "env": env_kw, "run": run_kw, "jobs": jobs,
+        what = {"policy": policy_identity(policy_factory, served), "env": env_kw, "run": run_kw, "jobs": jobs,
                 "batch": cfg.batch_episodes if lockstep else 1}  # fmt: skip
         journal = EvalJournal(Path(out_dir), what, resume, video_fps(cfg.suite))
         if journal.done:
@@ -404,14 +406,11 @@ def evaluate(
     wall = time.perf_counter() - t0 + (journal.prior_s if journal is not None else 0.0)
     res = summarize(results, names, name, cfg.suite, wall)
     res["train_seeds"] = seen
-    if isinstance(policy_factory, str) and policy_factory.startswith("ws://"):
-        from vlastack.sim.policies import server_metadata
-
+    if served is not None:
         # What was behind the address (its policy, type, version): a URL alone does not say.
-        meta = server_metadata(policy_factory)
         # (plain values only: a server's settings such as a LeRobot server's resize and overrides)
         res["server"] = {
-            k: v for k, v in meta.items() if isinstance(v, str | int | float | bool | list | dict)
+            k: v for k, v in served.items() if isinstance(v, str | int | float | bool | list | dict)
         }
     res["resumed_episodes"] = len(journal.done) if journal is not None else 0
     res["config"] = {
@@ -463,17 +462,24 @@ def _run_jobs(spec, cfg: EvalConfig, env_kw, run_kw, jobs, names, name, lockstep
     return _run_parallel(spec, env_kw, run_kw, jobs, num_workers, name, finished, batch=batch)
 
 
-def policy_identity(spec: Any) -> dict[str, Any]:
+def served_metadata(spec: Any) -> dict[str, Any] | None:
+    """A served policy's (``ws://host:port``) ``/metadata``; None for any other spec."""
+    if not (isinstance(spec, str) and spec.startswith("ws://")):
+        return None
+    from vlastack.sim.policies import server_metadata
+
+    return server_metadata(spec)
+
+
+def policy_identity(spec: Any, served: dict[str, Any] | None) -> dict[str, Any]:
     """What names the policy for a resumed evaluation: its name and decoding options, and for a
     checkpoint folder its files (name, size, mtime), so retrained weights never join a journal.
     A served policy (``ws://host:port``) is named by its host and the metadata its server sends
     (LeRobot's server: the checkpoint folder, resize, overrides), not by its port: a server
-    started again with ``--port 0`` (bench/lerobot_served.py) gets a new one."""
-    if isinstance(spec, str) and spec.startswith("ws://"):
-        from vlastack.sim.policies import server_metadata
-
-        host = spec[len("ws://") :].split("/", 1)[0].rsplit(":", 1)[0]
-        return {"name": f"ws://{host}", "server": server_metadata(spec)}
+    started again with ``--port 0`` (bench/lerobot_served.py) gets a new one. ``served``: its
+    metadata (``served_metadata``)."""
+    if served is not None:
+        return {"name": f"ws://{urlsplit(spec).hostname}", "server": served}
     out: dict[str, Any] = {"name": policy_name(spec), "decoding": list(getattr(spec, "decoding", ()))}
     folder = _checkpoint_dir(spec)
     if folder is not None:
@@ -493,14 +499,13 @@ def _checkpoint_dir(spec: Any) -> Path | None:
     return Path(path)
 
 
-def _policy_cameras(spec: Any, suite: str) -> tuple[str, ...]:
-    """A checkpoint's ``model.camera_names`` (what it was trained on), else the suite's cameras."""
+def _policy_cameras(spec: Any, suite: str, served: dict[str, Any] | None) -> tuple[str, ...]:
+    """A checkpoint's ``model.camera_names`` (what it was trained on), a server's (``served``: its
+    metadata), else the suite's cameras."""
     from vlastack.sim.env import default_cameras
 
-    if isinstance(spec, str) and spec.startswith("ws://"):
-        from vlastack.sim.policies import server_metadata
-
-        names = server_metadata(spec).get("camera_names")
+    if served is not None:
+        names = served.get("camera_names")
         return tuple(names) if names else default_cameras(suite)
     ckpt = _located(spec)
     if ckpt is not None:
@@ -529,7 +534,7 @@ def _located(spec: Any):
         return None
 
 
-def policy_representation(spec: Any, wanted: str, suite: str) -> str:
+def policy_representation(spec: Any, wanted: str, suite: str, served: dict[str, Any] | None) -> str:
     """The action representation to evaluate in: the policy's own (a checkpoint's
     ``model.action_representation``, a server's ``/metadata``), ``wanted`` (``eval.action_representation``)
     for baselines and policies that do not say; ``auto`` = the policy's, else ``delta``. A policy
@@ -538,10 +543,8 @@ def policy_representation(spec: Any, wanted: str, suite: str) -> str:
     from vlastack.sim.env import check_representation
 
     own = None
-    if isinstance(spec, str) and spec.startswith("ws://"):
-        from vlastack.sim.policies import server_metadata
-
-        own = server_metadata(spec).get("action_representation") or None
+    if served is not None:  # a served policy's metadata (served_metadata)
+        own = served.get("action_representation") or None
     elif hasattr(spec, "action_representation"):  # a Policy object (num_workers=0)
         own = spec.action_representation
     elif (ckpt := _located(spec)) is not None and ckpt.fmt == "vlastack":
