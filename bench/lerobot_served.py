@@ -4,8 +4,10 @@ one evaluator every row of the Meta-World table goes through (issue #64).
     # a tuning trial on the validation seeds (2000 + j), recorded under mt10.tuning.<as>
     .venv/bin/python bench/lerobot_served.py --run runs/lr_act_t1 --resize 128 \\
         --seed 2000 --episodes-per-task 10 --trial "ACT, lr 1e-4, chunk 20, temporal ensembling" --as lerobot_act
-    # the test seeds (1000 + j), 50 per task: then `bench/metaworld.py record` makes the row
-    .venv/bin/python bench/lerobot_served.py --run runs/lr_act --resize 128 --out runs/lr_act/eval_vla
+    # the test seeds (1000 + j), 50 per task, once, for the recipe chosen on the validation seeds:
+    # --row records the table row mt10.<row> (refused unless the run is the best trial of --as)
+    .venv/bin/python bench/lerobot_served.py --run runs/lr_act_t4 --resize 128 --out runs/lr_act_t4/eval_vla \
+        --as lerobot_act --row lerobot_act_tuned
 
 The server runs in LeRobot's venv (``--lerobot-python``) with LeRobot's own pre- and
 post-processors; ``vla eval`` runs here with vlastack's environment (the same renderer, seeds and
@@ -15,7 +17,9 @@ at evaluation what it saw in training. ``--set FIELD=JSON`` overrides policy con
 (e.g. ACT's ``n_action_steps``, ``temporal_ensemble_coeff``): both land in ``eval.json``'s
 ``server`` entry. A run trained on a ``vla data task-onehot`` copy is served with
 ``--task-onehot`` (the prompt's task as its one-hot environment state). The evaluation resumes
-(``vla eval --resume``) when run again with the same arguments.
+(``vla eval --resume``) when run again with the same arguments; SIGTERM or SIGHUP to this script
+stops its ``vla eval`` and its server (a killed script used to leave both running, the server
+holding 1.4 GB and a port, the evaluation holding the journal's lock).
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ import datetime
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -73,6 +78,26 @@ def start_server(py: str, policy: Path, resize: int | None, sets: list[str], thr
     sys.exit(f"the LeRobot policy server did not start; see {log}:\n{log.read_text()[-2000:]}")
 
 
+def _stop(signum: int, _frame) -> None:
+    """SIGTERM/SIGHUP -> SystemExit, so ``main``'s ``finally`` stops the evaluation and the server."""
+    raise SystemExit(f"{signal.Signals(signum).name}: stopping the evaluation and the policy server")
+
+
+def stop_children(procs: list[subprocess.Popen], timeout: float = 60.0) -> None:
+    """SIGTERM to each child still running, then SIGKILL to any that outlives ``timeout``. The
+    evaluation's journal keeps every finished episode, so the same command resumes it."""
+    for p in procs:
+        if p.poll() is None:
+            p.terminate()
+    deadline = time.time() + timeout
+    for p in procs:
+        try:
+            p.wait(max(0.0, deadline - time.time()))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--run", required=True, help="a bench/lerobot_metaworld.py train run")
@@ -88,17 +113,30 @@ def main() -> None:
     ap.add_argument("--set", action="append", default=[], metavar="FIELD=JSON")
     ap.add_argument("--out", default=None, help="default RUN/eval_val (seed 2000) or RUN/eval_vla")
     ap.add_argument("--trial", default=None, help="record a tuning trial (validation seeds) with this text")
-    ap.add_argument("--as", dest="row", default=None, help="the tuning list's name, e.g. lerobot_act")
+    ap.add_argument("--as", dest="tuning", default=None, help="the tuning list's name, e.g. lerobot_act")
+    ap.add_argument("--row", default=None, help="test seeds: record the table row SUITE.ROW (needs --as)")
     ap.add_argument("--suite", default="mt10")
     args = ap.parse_args()
-    if args.trial and not args.row:
-        ap.error("--trial needs --as (the tuning list's name)")
+    if (args.trial or args.row) and not args.tuning:
+        ap.error("--trial and --row need --as (the tuning list's name)")
+    if args.trial and args.row:
+        ap.error(
+            "--trial scores a tuning trial (validation seeds), --row a table row (test seeds): one of them"
+        )
 
     run = Path(args.run)
     policy = Path(args.checkpoint) if args.checkpoint else run / OUT / LAST / "pretrained_model"
     if not (policy / "config.json").exists():
         sys.exit(f"no LeRobot policy at {policy}")
     out = Path(args.out) if args.out else run / ("eval_val" if args.seed >= 2000 else "eval_vla")
+    chosen = None
+    if args.row:  # checked before hours of evaluation, not after
+        from bench.metaworld import load
+        from bench.metaworld_protocol import TEST_SEED, VALIDATION_SEED, chosen_recipe
+
+        if not TEST_SEED <= args.seed < VALIDATION_SEED:
+            sys.exit(f"--row scores the test seeds ({TEST_SEED}+j), got --seed {args.seed}")
+        chosen = chosen_recipe(load(), args.suite, args.tuning, run)
     out.mkdir(parents=True, exist_ok=True)
     plan = read_json(run / PLAN) or {}
     data = plan.get("data")
@@ -111,17 +149,32 @@ def main() -> None:
     if args.tasks:
         argv += ["--tasks", args.tasks]
     t0 = time.time()
+    signal.signal(signal.SIGTERM, _stop)
+    signal.signal(signal.SIGHUP, _stop)
+    child = None
     try:
         # A child process, not vlastack.cli.main here: this script's folder (bench/, first on
         # sys.path) holds metaworld.py, which would shadow the Meta-World package.
-        rc = subprocess.run([sys.executable, "-m", "vlastack.cli", *argv], cwd=ROOT).returncode
+        child = subprocess.Popen([sys.executable, "-m", "vlastack.cli", *argv], cwd=ROOT)
+        rc = child.wait()
     finally:
-        proc.terminate()
-        proc.wait(60)
+        stop_children([c for c in (child, proc) if c is not None])
     if rc != 0:
         sys.exit(f"vla eval failed (rc {rc})")
     ev = json.loads((out / "eval.json").read_text())
     print(f"{out / 'eval.json'}: mean task success {ev['mean_task_success']:.1%} ({time.time() - t0:.0f}s)")
+    server = {"resize": args.resize, "set": args.set, "task_onehot": onehot, "command": server_cmd}
+    if chosen is not None:
+        from bench.metaworld import record_lerobot
+
+        by = f"bench/lerobot_served.py --run {args.run} --as {args.tuning} --row {args.row}"
+        evaluator = {
+            "evaluator": "vla eval (ws:// LeRobot policy server)",
+            "server": server,
+            "wall_s": ev.get("wall_s"),
+        }
+        record_lerobot(args.suite, args.row, out / "eval.json", run, by, evaluator, chosen)
+        return
     if not args.trial:
         return
     from bench.metaworld import load, save
@@ -135,14 +188,14 @@ def main() -> None:
              "steps": info.get("step_reached"), "steps_planned": plan.get("steps"),
              "stopped_at_budget": bool(ledger and ledger[-1].get("stopped_at_budget")), "batch_size": int(batch),
              "data": info.get("data"), "non_default": info.get("non_default"),
-             "server": {"resize": args.resize, "set": args.set, "task_onehot": onehot, "command": server_cmd},
+             "server": server,
              "evaluator": "vla eval (ws:// LeRobot policy server)",
              "date": datetime.date.today().isoformat(), "machine": info.get("machine") or machine()}  # fmt: skip
     res = load()
-    entry = record_validation(res, args.suite, args.row, ev, trial)
+    entry = record_validation(res, args.suite, args.tuning, ev, trial)
     save(res)
     print(
-        f"{args.suite} tuning {args.row} [{args.trial}]: {entry['mean']:.1%} on validation seeds {entry['seeds']}"
+        f"{args.suite} tuning {args.tuning} [{args.trial}]: {entry['mean']:.1%} on validation seeds {entry['seeds']}"
     )
 
 

@@ -420,21 +420,33 @@ def lerobot_stage(suite: str, policy: str, data: Path, run: Path, row: str, epis
         print("$", " ".join(cmd), flush=True)
         if subprocess.call(cmd) != 0:
             sys.exit(1)
+    cfg = json.loads(ev.read_text())["config"]
+    record_lerobot(suite, name, ev, lr_run, f"bench/metaworld.py pipeline --lerobot {policy}",
+                   {"evaluator": "lerobot-eval (LeRobot's MetaworldEnv, 480 px, its renderer)",
+                    **{k: cfg.get(k) for k in ("command", "eval_wall_s", "eval_cpu_s", "extra_eval_args")}})  # fmt: skip
+
+
+def record_lerobot(suite: str, name: str, eval_json: Path, lr_run: Path, by: str, evaluator: dict,
+                   tuning: dict | None = None) -> dict:  # fmt: skip
+    """The row ``suite.name`` for a LeRobot run (bench/lerobot_metaworld.py train: its run.json has
+    the CPU-hours, commands, steps and non-default settings) scored in ``eval_json``. ``tuning``:
+    the fair protocol's fields of a recipe chosen on the validation seeds (``chosen_trial``)."""
     info = json.loads((lr_run / "run.json").read_text())
-    record(suite, name, ev, None, info["cpu_hours"], dataset_train_seeds(data))
+    record(suite, name, eval_json, None, info["cpu_hours"], dataset_train_seeds(Path(info["data"])))
     res = load()
-    res[suite][name]["train_config"] = {
-        "trainer": f"lerobot-train ({lm.TRAIN_MODULE}), LeRobot {info['versions'].get('lerobot')}, "
-        f"its own {policy} defaults except non_default",
+    row = res[suite][name]
+    row["train_config"] = {
+        "trainer": f"lerobot-train ({info.get('train_module')}), LeRobot {info['versions'].get('lerobot')}, "
+        f"its own {info['policy']} defaults except non_default",
         "commands": info["commands"], "steps_planned": info["plan"]["steps"],
         "steps_reached": info["step_reached"], "non_default": info["non_default"],
-        "versions": info["versions"], "segments": info["segments"],
-        "by": f"bench/metaworld.py pipeline --lerobot {policy}",
+        "versions": info["versions"], "segments": info["segments"], "data": info["data"], "by": by,
     }  # fmt: skip
-    cfg = json.loads(ev.read_text())["config"]
-    res[suite][name]["eval"] = {"evaluator": "lerobot-eval (LeRobot's MetaworldEnv, 480 px, its renderer)",
-                                **{k: cfg.get(k) for k in ("command", "eval_wall_s", "eval_cpu_s", "extra_eval_args")}}  # fmt: skip
+    row["eval"] = evaluator
+    row.update(tuning or {})
+    row.update(protocol_fields(suite, name, row, res[suite]))
     save(res)
+    return row
 
 
 def dataset_train_seeds(data: Path) -> dict[str, list[int]] | None:

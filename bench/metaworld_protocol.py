@@ -201,3 +201,26 @@ def record_stopped_trial(res: dict, suite: str, name: str, trial: dict, why: str
     trials = res.setdefault(suite, {}).setdefault("tuning", {}).setdefault(name, [])
     trials[:] = [t for t in trials if t.get("trial") != entry.get("trial")] + [entry]
     return entry
+
+
+def chosen_recipe(res: dict, suite: str, name: str, run: str | Path) -> dict:
+    """The fair protocol's fields of a table row whose recipe was chosen on the validation seeds:
+    ``run``'s trial in ``res[suite]["tuning"][name]`` must be the best scored one there (the rule
+    every row's recipe is picked by); -> ``validation_seeds``, ``tuning_trials`` (every trial in
+    the list, stopped ones too), ``chosen_trial`` and its ``validation_mean``."""
+    trials = res.get(suite, {}).get("tuning", {}).get(name) or []
+    scored = [t for t in trials if t.get("mean") is not None]
+    mine = [t for t in scored if Path(t["run"]).resolve() == Path(run).resolve()]
+    if not mine:
+        raise ValueError(f"{run} is not a scored trial of {suite}.tuning.{name}: score it on the validation "
+                         "seeds first (bench/lerobot_served.py --seed 2000 --trial ... --as NAME)")  # fmt: skip
+    best = max(scored, key=lambda t: t["mean"])
+    if mine[-1]["mean"] < best["mean"]:
+        raise ValueError(f"{run} scored {mine[-1]['mean']:.1%} on the validation seeds, below {best['run']} "
+                         f"({best['mean']:.1%}): the table takes the best validation trial")  # fmt: skip
+    return {
+        "validation_seeds": mine[-1]["seeds"],
+        "tuning_trials": len(trials),
+        "chosen_trial": mine[-1]["trial"],
+        "validation_mean": mine[-1]["mean"],
+    }

@@ -218,3 +218,28 @@ def test_a_task_onehot_act_policy_gets_the_prompts_task(tmp_path):
         proc.terminate()
         proc.wait(30)
         log.close()
+
+
+def test_the_served_evaluation_stops_its_children_on_sigterm():
+    """bench/lerobot_served.py: SIGTERM becomes SystemExit (so its ``finally`` runs), and
+    ``stop_children`` ends a child that exits on SIGTERM and kills one that ignores it, rather
+    than leaving the LeRobot server and ``vla eval`` running after the script is gone."""
+    import signal
+    import sys
+
+    from bench.lerobot_served import _stop, stop_children
+
+    with pytest.raises(SystemExit, match="SIGTERM"):
+        _stop(signal.SIGTERM, None)
+    polite = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    stubborn = subprocess.Popen(
+        [sys.executable, "-c", "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+         "print('ready', flush=True); time.sleep(60)"],
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    assert stubborn.stdout.readline().strip() == "ready"  # its handler is in place
+    t0 = time.monotonic()
+    stop_children([polite, stubborn], timeout=2.0)
+    assert polite.returncode == -signal.SIGTERM and stubborn.returncode == -signal.SIGKILL
+    assert time.monotonic() - t0 < 30
+    stubborn.stdout.close()

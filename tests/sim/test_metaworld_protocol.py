@@ -102,3 +102,47 @@ def test_a_stopped_trial_is_kept_unscored_beside_the_scored_ones():
     assert e["mean"] is None and e["stopped"] == "loss flat" and e["cpu_hours"] == 0.5
     record_stopped_trial(res, "mt10", "act", {"trial": "t2"}, "again")  # the same trial replaces itself
     assert [(t["trial"], t["mean"]) for t in res["mt10"]["tuning"]["act"]] == [("t1", 0.17), ("t2", None)]
+
+
+def test_a_tuned_lerobot_row_is_its_best_validation_trial_scored_on_the_test_seeds(tmp_path, monkeypatch):
+    """bench/lerobot_served.py --row: the table row of a LeRobot recipe carries the trials it was
+    chosen from and their validation seeds; a run that is not the best validation trial is refused."""
+    from bench import metaworld as bm
+    from bench.metaworld_protocol import chosen_recipe
+    from vlastack.sim.evaluate import summarize
+
+    monkeypatch.setattr(bm, "RESULTS", tmp_path / "metaworld.json")
+    t3, t4 = tmp_path / "lr_act_t3", tmp_path / "lr_act_t4"
+    trials = [{"trial": "t2", "run": str(tmp_path / "t2"), "mean": None, "stopped": "loss flat"},
+              {"trial": "t3", "run": str(t3), "mean": 0.35, "seeds": [2000, 2009]},
+              {"trial": "t4", "run": str(t4), "mean": 0.43, "seeds": [2000, 2009]}]  # fmt: skip
+    bm.save({"mt10": {"vlastack": {"cpu_hours": 1.7}, "tuning": {"lerobot_act": trials}}})
+    with pytest.raises(ValueError, match="below"):
+        chosen_recipe(bm.load(), "mt10", "lerobot_act", t3)
+    with pytest.raises(ValueError, match="not a scored trial"):
+        chosen_recipe(bm.load(), "mt10", "lerobot_act", tmp_path / "t2")
+    chosen = chosen_recipe(bm.load(), "mt10", "lerobot_act", t4)
+    assert chosen == {"validation_seeds": [2000, 2009], "tuning_trials": 3, "chosen_trial": "t4",
+                      "validation_mean": 0.43}  # fmt: skip
+
+    t4.mkdir()
+    info = {"policy": "act", "data": str(tmp_path / "data"), "cpu_hours": 1.71, "step_reached": 2905,
+            "plan": {"steps": 3316}, "commands": ["lerobot-train ..."], "non_default": {}, "train_module": "m",
+            "versions": {"lerobot": "0.6.1"}, "segments": []}  # fmt: skip
+    (t4 / "run.json").write_text(json.dumps(info))
+    eps = [
+        {"task": "reach-v3", "seed": 1000 + j, "success": j < 3, "steps": 100, "episode": j} for j in range(4)
+    ]
+    ev = summarize(eps, ("reach-v3",), "ws://127.0.0.1", "metaworld", 1.0)
+    ev["config"] = {"seed": 1000, "episodes": 4, "seed_scheme": "per_task", "render_quality": "lerobot"}
+    (tmp_path / "eval.json").write_text(json.dumps(ev))
+    bm.record_lerobot(
+        "mt10", "lerobot_act_tuned", tmp_path / "eval.json", t4, "test", {"evaluator": "vla eval"}, chosen
+    )
+    row = bm.load()["mt10"]["lerobot_act_tuned"]
+    assert row["mean"] == 0.75 and row["eval_seeds"] == [1000, 1001, 1002, 1003] and row["cpu_hours"] == 1.71
+    assert row["validation_seeds"] == [2000, 2009] and row["tuning_trials"] == 3 and "tuning_note" not in row
+    assert (
+        row["evaluator"] == "vla eval" and row["samples_seen"] == 2905 * 8 and row["budget_multiple"] == 1.006
+    )
+    assert row["privileged_labels"] is False and row["train_config"]["steps_planned"] == 3316
