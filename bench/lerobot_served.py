@@ -173,7 +173,7 @@ def main() -> None:
             "server": server,
             "wall_s": ev.get("wall_s"),
         }
-        record_lerobot(args.suite, args.row, out / "eval.json", run, by, evaluator, chosen)
+        record_lerobot(args.suite, args.row, out / "eval.json", run, by, Path(data), evaluator, chosen)
         return
     if not args.trial:
         return

@@ -420,29 +420,32 @@ def lerobot_stage(suite: str, policy: str, data: Path, run: Path, row: str, epis
         print("$", " ".join(cmd), flush=True)
         if subprocess.call(cmd) != 0:
             sys.exit(1)
-    cfg = json.loads(ev.read_text())["config"]
-    record_lerobot(suite, name, ev, lr_run, f"bench/metaworld.py pipeline --lerobot {policy}",
-                   {"evaluator": "lerobot-eval (LeRobot's MetaworldEnv, 480 px, its renderer)",
-                    **{k: cfg.get(k) for k in ("command", "eval_wall_s", "eval_cpu_s", "extra_eval_args")}})  # fmt: skip
+    record_lerobot(suite, name, ev, lr_run, f"bench/metaworld.py pipeline --lerobot {policy}", data,
+                   {"evaluator": "lerobot-eval (LeRobot's MetaworldEnv, 480 px, its renderer)"},
+                   eval_fields=("command", "eval_wall_s", "eval_cpu_s", "extra_eval_args"))  # fmt: skip
 
 
-def record_lerobot(suite: str, name: str, eval_json: Path, lr_run: Path, by: str, evaluator: dict,
-                   tuning: dict | None = None) -> dict:  # fmt: skip
+def record_lerobot(suite: str, name: str, eval_json: Path, lr_run: Path, by: str, data: Path, evaluator: dict,
+                   tuning: dict | None = None, eval_fields: tuple[str, ...] = ()) -> dict:  # fmt: skip
     """The row ``suite.name`` for a LeRobot run (bench/lerobot_metaworld.py train: its run.json has
-    the CPU-hours, commands, steps and non-default settings) scored in ``eval_json``. ``tuning``:
-    the fair protocol's fields of a recipe chosen on the validation seeds (``chosen_trial``)."""
+    the CPU-hours, commands, steps and non-default settings) trained on ``data`` and scored in
+    ``eval_json`` (``eval_fields``: its config's entries copied into ``evaluator``). ``tuning``: the
+    fair protocol's fields of a recipe chosen on the validation seeds (``chosen_recipe``)."""
+    from bench.lerobot_metaworld import TRAIN_MODULE
+
     info = json.loads((lr_run / "run.json").read_text())
-    record(suite, name, eval_json, None, info["cpu_hours"], dataset_train_seeds(Path(info["data"])))
+    record(suite, name, eval_json, None, info["cpu_hours"], dataset_train_seeds(Path(data)))
+    cfg = json.loads(Path(eval_json).read_text())["config"]
     res = load()
     row = res[suite][name]
     row["train_config"] = {
-        "trainer": f"lerobot-train ({info.get('train_module')}), LeRobot {info['versions'].get('lerobot')}, "
-        f"its own {info['policy']} defaults except non_default",
+        "trainer": f"lerobot-train ({TRAIN_MODULE}), LeRobot {info['versions'].get('lerobot')}, "
+        f"its own {info.get('policy', name.removeprefix('lerobot_'))} defaults except non_default",
         "commands": info["commands"], "steps_planned": info["plan"]["steps"],
         "steps_reached": info["step_reached"], "non_default": info["non_default"],
-        "versions": info["versions"], "segments": info["segments"], "data": info["data"], "by": by,
+        "versions": info["versions"], "segments": info["segments"], "data": str(data), "by": by,
     }  # fmt: skip
-    row["eval"] = evaluator
+    row["eval"] = {**evaluator, **{k: cfg.get(k) for k in eval_fields}}
     row.update(tuning or {})
     row.update(protocol_fields(suite, name, row, res[suite]))
     save(res)

@@ -137,7 +137,14 @@ def test_a_tuned_lerobot_row_is_its_best_validation_trial_scored_on_the_test_see
     ev["config"] = {"seed": 1000, "episodes": 4, "seed_scheme": "per_task", "render_quality": "lerobot"}
     (tmp_path / "eval.json").write_text(json.dumps(ev))
     bm.record_lerobot(
-        "mt10", "lerobot_act_tuned", tmp_path / "eval.json", t4, "test", {"evaluator": "vla eval"}, chosen
+        "mt10",
+        "lerobot_act_tuned",
+        tmp_path / "eval.json",
+        t4,
+        "test",
+        tmp_path / "data",
+        {"evaluator": "vla eval"},
+        chosen,
     )
     row = bm.load()["mt10"]["lerobot_act_tuned"]
     assert row["mean"] == 0.75 and row["eval_seeds"] == [1000, 1001, 1002, 1003] and row["cpu_hours"] == 1.71
