@@ -28,10 +28,9 @@ from __future__ import annotations
 import functools
 import itertools
 import json
-import multiprocessing as mp
 import os
 import time
-from concurrent.futures import FIRST_EXCEPTION, ProcessPoolExecutor, wait
+from concurrent.futures import FIRST_EXCEPTION, wait
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import asdict, fields, replace
 from pathlib import Path
@@ -45,6 +44,7 @@ from vlastack.infer.chunking import ActionChunker
 from vlastack.infer.realtime import RealtimeRunner
 from vlastack.progress import EpisodeProgress
 from vlastack.sim.policies import PolicySpec, build_policy, check_actions, policy_name
+from vlastack.sim.pool import worker_pool
 from vlastack.stats import wilson
 
 
@@ -598,8 +598,7 @@ def _run_parallel(
     groups of episodes (``lockstep_groups``) that each worker runs side by side. ``on_result``:
     called with each episode's result as it arrives (on the pool's thread)."""
     threads = max(1, (os.cpu_count() or 1) // num_workers)
-    ctx = mp.get_context("spawn")
-    ex = ProcessPoolExecutor(num_workers, mp_context=ctx, initializer=_init_worker, initargs=(threads,))
+    ex = worker_pool(num_workers, _init_worker, (threads,))
     if batch > 1:
         futs = {
             ex.submit(_group_job, spec, env_kw, run_kw, g): g[0]

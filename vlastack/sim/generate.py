@@ -44,11 +44,9 @@ success. Training ignores both (``data.samples`` picks its keys).
 from __future__ import annotations
 
 import json
-import multiprocessing as mp
 import shutil
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -58,6 +56,7 @@ from vlastack.data.format import DEFAULT_FEATURES
 from vlastack.folderlock import FolderLock
 from vlastack.progress import Progress
 from vlastack.sim.env import ALL_TASKS, LIBERO_SUITES, SUITES
+from vlastack.sim.pool import worker_pool
 from vlastack.sim.scene import MAX_DELTA, STATE_DIM
 
 EVAL_SEED_START = 1_000_000  # EvalConfig.seed: generation seeds must stay below it
@@ -366,7 +365,7 @@ def _generate(
 
         ex: Any = RayMap(ray_address)
     else:
-        ex = ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn")) if workers > 0 else None
+        ex = worker_pool(workers) if workers > 0 else None
     bar = Progress(episodes, "generate", "episode", enabled=progress)
 
     def write(ep: dict) -> None:
