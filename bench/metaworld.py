@@ -435,7 +435,7 @@ def record_lerobot(suite: str, name: str, eval_json: Path, lr_run: Path, by: str
 
     info = json.loads((lr_run / "run.json").read_text())
     record(suite, name, eval_json, None, info["cpu_hours"], dataset_train_seeds(Path(data)))
-    cfg = json.loads(Path(eval_json).read_text())["config"]
+    cfg = json.loads(Path(eval_json).read_text())["config"] if eval_fields else {}  # record() read it whole
     res = load()
     row = res[suite][name]
     row["train_config"] = {
