@@ -59,6 +59,7 @@ sys.path[:] = [str(HERE.parent), *(p for p in sys.path if Path(p or ".").resolve
 from bench.metaworld_protocol import (  # noqa: E402
     VALIDATION_SEED,
     backfill,
+    chosen_recipe,
     data_arg,
     label_source,
     protocol_fields,
@@ -528,6 +529,17 @@ def cmd_grounding(args: argparse.Namespace) -> None:
     save(res)
 
 
+def run_protocol(res: dict, suite: str, policy: str, run: Path) -> dict:
+    """A fair run's validation seeds and trials: its ``protocol.json`` where it has one, else, where
+    the row's name has validation trials (``res[suite]["tuning"][policy]``), ``chosen_recipe``'s
+    fields, which refuses a run that is not the best of them."""
+    if (run / PROTOCOL).exists():
+        return json.loads((run / PROTOCOL).read_text())
+    if res.get(suite, {}).get("tuning", {}).get(policy):
+        return chosen_recipe(res, suite, policy, run)
+    return {}
+
+
 def record(
     suite: str,
     policy: str,
@@ -567,8 +579,8 @@ def record(
         entry_from_eval(ev, suite, cpu_hours, train_seeds, train_config) | kept
     )
     e = res[suite][policy]
-    if run is not None and (run / PROTOCOL).exists():  # a fair run's validation seeds and trials
-        e.update(json.loads((run / PROTOCOL).read_text()))
+    if run is not None:
+        e.update(run_protocol(res, suite, policy, run))
     e.update(protocol_fields(suite, policy, e, res[suite]))
     print(
         f"{suite} {policy}: mean {e['mean']:.1%}, {e['cpu_hours'] or 0:.2f} CPU-h, {e['episodes_per_task']}/task"

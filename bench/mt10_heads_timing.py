@@ -1,16 +1,22 @@
 """The per-step training cost of each head on the Meta-World MT10 recipe's shapes, so every head
 gets the flow row's CPU-hours there (issue #67's fair protocol: the same data and CPU budget).
 
-    python bench/mt10_heads_timing.py      # -> bench/results/mt10_step_costs.json
+    python bench/mt10_heads_timing.py      # no labels, bf16 -> bench/results/mt10_step_costs.json
+    python bench/mt10_heads_timing.py --recipe hindsight --precision fp32 --flow-steps 12000 \
+        --heads flow oft bins_parallel_l1 fast bins_ar_h1   # -> mt10_step_costs_hindsight_fp32.json
 
 Interleaved round-robin, process CPU time of one thread (a busy machine disturbs it far less than
-wall time), compiled as ``train.compile`` compiles (fullgraph), bf16, dummy batches of the
-recipe's shapes (batch 32, 128 px, 40 text tokens, 4 real action dims). A head's budget is
-``24000 x cost(flow) / cost(head)`` steps: the flow row trained 24,000 steps.
+wall time), compiled as ``train.compile`` compiles (fullgraph), dummy batches of the recipe's
+shapes (batch 32, 128 px, 40 text tokens, 4 real action dims). A head's budget is
+``flow_steps x cost(flow) / cost(head)`` steps: the flow rows trained 24,000 bf16 steps without
+labels and 12,000 fp32 steps on hindsight labels (``mt10.vlastack_hindsight``, the chosen recipe,
+trained on an AVX2-only CPU), so ``--recipe hindsight --precision fp32 --flow-steps 12000`` gives
+the budgets of the heads' rows beside it.
 """
 
 from __future__ import annotations
 
+import argparse
 import datetime
 import json
 import statistics
@@ -19,6 +25,7 @@ import time
 from pathlib import Path
 
 import torch
+from tqdm import tqdm
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -31,20 +38,43 @@ from vlastack.models import build_model  # noqa: E402
 from vlastack.train.optim import build_optimizer  # noqa: E402
 from vlastack.train.step import train_step  # noqa: E402
 
-NO_LABELS = ["model.grounding.points=0", "model.grounding.attend_weight=0", "model.grounding.state_index=[]"]
+RECIPES = {
+    # the simulator's object and goal positions dropped (the fair protocol's first trial)
+    "no_labels": [
+        "model.grounding.points=0",
+        "model.grounding.attend_weight=0",
+        "model.grounding.state_index=[]",
+    ],
+    # the chosen recipe: grounding on `vla data hindsight` labels (environment_state), no 39-d state
+    "hindsight": ["model.grounding.state_index=[]"],
+}
+BINS = [
+    "model.head=tokens",
+    "model.head_options.tokenizer=bins",
+    "model.head_options.num_bins=256",
+    "model.head_options.placement=new_rows",
+    "model.head_options.bin_sigma=2",
+    "data.norm.action=quantiles",
+]
+# Each head's built-in-suite recipe (docs/heads.md) on top of the MT10 recipe.
 HEADS = {
     "flow": [],
-    # the built-in suite's FAST recipe (docs/heads.md): no BPE merges, H = 4, soft targets
+    # OpenVLA-OFT's recipe (configs/demo_oft.yaml): one query per step, parallel, L1
+    "oft": ["model.head=oft", "model.head_options.hidden=256", "model.head_options.l1=true",
+            "data.norm.action=quantiles"],
+    "bins_parallel_l1": [*BINS, "model.head_options.decoding=parallel", "model.head_options.regression_head=true"],
+    # the built-in suite's FAST recipe: no BPE merges, H = 4, soft targets
     "fast": ["model.head=tokens", "model.head_options.tokenizer=fast", "model.head_options.placement=new_rows",
              "model.head_options.fast_vocab_size=41", "model.head_options.max_action_tokens=16",
              "model.action_horizon=4", "model.head_options.bin_sigma=2", "data.norm.action=quantiles"],
+    # OpenVLA's one-step recipe (bins-AR at H = 1)
+    "bins_ar_h1": [*BINS, "model.action_horizon=1"],
 }  # fmt: skip
-FLOW_STEPS = 24000
 REAL_DIMS = 4  # Meta-World's action: x, y, z, gripper
 
 
 def setup(overrides: list[str]):
-    cfg = load_config("tiny", "metaworld_mt10", NO_LABELS + overrides)
+    cfg = load_config("tiny", "metaworld_mt10", overrides)
     torch.manual_seed(0)
     model = build_model(cfg.model)
     batch = dummy_batch(cfg.model, cfg.train.batch_size)
@@ -60,30 +90,43 @@ def setup(overrides: list[str]):
     return model, build_optimizer(model, cfg.train), batch
 
 
-def main(rounds: int = 32, warmup: int = 8) -> None:
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--recipe", choices=sorted(RECIPES), default="no_labels")
+    ap.add_argument("--precision", choices=["bf16", "fp32"], default="bf16")
+    ap.add_argument("--flow-steps", type=int, default=24000, help="the flow row's steps (the budget)")
+    ap.add_argument("--heads", nargs="+", choices=sorted(HEADS), default=["flow", "fast"])
+    ap.add_argument("--rounds", type=int, default=32)
+    ap.add_argument("--warmup", type=int, default=8)
+    args = ap.parse_args()
+    heads = ["flow", *[h for h in args.heads if h != "flow"]]  # flow is the yardstick
     torch.set_num_threads(1)
-    setups = {h: setup(o) for h, o in HEADS.items()}
+    setups = {h: setup(RECIPES[args.recipe] + HEADS[h]) for h in heads}
     cpu: dict[str, list[float]] = {h: [] for h in setups}
-    for r in range(warmup + rounds):
+    for r in tqdm(range(args.warmup + args.rounds), desc="rounds"):
         for h, (model, opt, batch) in setups.items():
             c0 = time.process_time()
-            train_step(model, opt, [batch], precision="bf16")
-            if r >= warmup:
+            train_step(model, opt, [batch], precision=args.precision)
+            if r >= args.warmup:
                 cpu[h].append(time.process_time() - c0)
-        print(f"round {r + 1}/{warmup + rounds}", flush=True)
     med = {h: statistics.median(v) for h, v in cpu.items()}
     out = {
         "date": datetime.date.today().isoformat(), "environment": environment(), "cpu_flags": cpu_flags(),
-        "method": f"{rounds} rounds after {warmup} warm-up, round-robin, compiled (fullgraph), bf16, 1 thread, "
-                  "process CPU time per train_step on a batch-32 dummy batch of the MT10 recipe's shapes",
+        "recipe": args.recipe, "precision": args.precision, "overrides": {h: RECIPES[args.recipe] + HEADS[h] for h in heads},
+        "method": f"{args.rounds} rounds after {args.warmup} warm-up, round-robin, compiled (fullgraph), "
+                  f"{args.precision}, 1 thread, process CPU time per train_step on a batch-32 dummy batch "
+                  "of the MT10 recipe's shapes",
         "step_cpu_s_median": med,
-        "budget_steps": {h: round(FLOW_STEPS * med["flow"] / med[h]) for h in med},
+        "flow_steps": args.flow_steps,
+        "budget_steps": {h: round(args.flow_steps * med["flow"] / med[h]) for h in med},
     }  # fmt: skip
-    path = ROOT / "bench" / "results" / "mt10_step_costs.json"
+    name = "mt10_step_costs.json" if args.recipe == "no_labels" and args.precision == "bf16" else (
+        f"mt10_step_costs_{args.recipe}_{args.precision}.json")  # fmt: skip
+    path = ROOT / "bench" / "results" / name
     path.write_text(json.dumps(out, indent=1) + "\n")
     for h in med:
         print(
-            f"{h:6s} {med[h]:.3f} CPU-s/step  x{med[h] / med['flow']:.2f}  -> {out['budget_steps'][h]} steps"
+            f"{h:16s} {med[h]:.3f} CPU-s/step  x{med[h] / med['flow']:.2f}  -> {out['budget_steps'][h]} steps"
         )
     print(f"wrote {path}")
 

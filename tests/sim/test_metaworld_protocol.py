@@ -153,3 +153,23 @@ def test_a_tuned_lerobot_row_is_its_best_validation_trial_scored_on_the_test_see
         row["evaluator"] == "vla eval" and row["samples_seen"] == 2905 * 8 and row["budget_multiple"] == 1.006
     )
     assert row["privileged_labels"] is False and row["train_config"]["steps_planned"] == 3316
+
+
+def test_a_vlastack_row_with_validation_trials_takes_its_chosen_recipe(tmp_path):
+    """bench/metaworld.py record: a run's protocol.json wins; else a row whose name has validation
+    trials gets chosen_recipe's fields (a run that is not the best trial is refused); else none."""
+    from bench.metaworld import PROTOCOL, run_protocol
+
+    a, b = tmp_path / "mt10_fast", tmp_path / "other"
+    trials = [{"trial": "t1", "run": str(a), "mean": 0.84, "seeds": [2000, 2009]},
+              {"trial": "t2", "run": str(b), "mean": 0.5, "seeds": [2000, 2009]}]  # fmt: skip
+    res = {"mt10": {"tuning": {"vlastack_hindsight_fast": trials}}}
+    got = run_protocol(res, "mt10", "vlastack_hindsight_fast", a)
+    assert got == {"validation_seeds": [2000, 2009], "tuning_trials": 2, "chosen_trial": "t1",
+                   "validation_mean": 0.84}  # fmt: skip
+    with pytest.raises(ValueError, match="below"):
+        run_protocol(res, "mt10", "vlastack_hindsight_fast", b)
+    assert run_protocol(res, "mt10", "no_trials_row", a) == {}
+    a.mkdir()
+    (a / PROTOCOL).write_text(json.dumps({"validation_seeds": [2000, 2019], "tuning_trials": 3}))
+    assert run_protocol(res, "mt10", "vlastack_hindsight_fast", a)["tuning_trials"] == 3
