@@ -99,7 +99,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=32)
     ap.add_argument("--warmup", type=int, default=8)
     args = ap.parse_args()
-    heads = ["flow", *[h for h in args.heads if h != "flow"]]  # flow is the yardstick
+    heads = list(dict.fromkeys(["flow", *args.heads]))  # flow first: the yardstick
     torch.set_num_threads(1)
     setups = {h: setup(RECIPES[args.recipe] + HEADS[h]) for h in heads}
     cpu: dict[str, list[float]] = {h: [] for h in setups}
