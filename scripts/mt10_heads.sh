@@ -9,7 +9,7 @@
 #   bash scripts/mt10_heads.sh test HEAD SEED N      # test seeds SEED..SEED+N-1 per task (a resumable shard)
 #   bash scripts/mt10_heads.sh merge HEAD            # the shards -> runs/mt10_HEAD/eval/eval.json, then the row
 #
-# HEAD: oft, fast, bins_parallel_l1, bins_ar_h1. Needs data/mt10_hindsight (docs/metaworld.md). A
+# HEAD: a head of the costs file (oft, fast, bins_parallel_l1, bins_ar_h1). Needs data/mt10_hindsight (docs/metaworld.md). A
 # head kept in bench/results/policies/mt10_HEAD is restored as a run with
 # `cp -r bench/results/policies/mt10_HEAD runs/`; its shards are in its eval_test/ folder.
 set -euo pipefail
@@ -19,23 +19,22 @@ PY=${PY:-.venv/bin/python}
 cmd=$1
 H=$2
 RUN=runs/mt10_$H
-BINS=(model.head=tokens model.head_options.tokenizer=bins model.head_options.num_bins=256
-      model.head_options.placement=new_rows model.head_options.bin_sigma=2)
-case $H in  # each head's built-in-suite recipe (docs/heads.md), and its step budget
-  oft) O=(model.head=oft model.head_options.hidden=256 model.head_options.l1=true train.steps=11942) ;;
-  fast) O=(model.head=tokens model.head_options.tokenizer=fast model.head_options.placement=new_rows
-           model.head_options.fast_vocab_size=41 model.head_options.max_action_tokens=16
-           model.action_horizon=4 model.head_options.bin_sigma=2 train.steps=11117) ;;
-  bins_parallel_l1) O=("${BINS[@]}" model.head_options.decoding=parallel
-                       model.head_options.regression_head=true train.steps=9734) ;;
-  bins_ar_h1) O=("${BINS[@]}" model.action_horizon=1 train.steps=12098) ;;
-  *) echo "unknown head $H (oft, fast, bins_parallel_l1, bins_ar_h1)" >&2; exit 2 ;;
-esac
+# Each head's overrides (its built-in-suite recipe on the hindsight recipe) and its step budget, as
+# bench/mt10_heads_timing.py measured and wrote them: one list of heads, one set of budgets.
+COSTS=bench/results/mt10_step_costs_hindsight_fp32.json
+OVR=$("$PY" - "$COSTS" "$H" <<'PY'  # an assignment, so that set -e stops on an unknown head
+import json, sys
+d, h = json.load(open(sys.argv[1])), sys.argv[2]
+if h not in d["budget_steps"]:
+    sys.exit(f"unknown head {h!r}: {sys.argv[1]} has {', '.join(d['budget_steps'])}")
+print("\n".join([*d["overrides"][h], f"train.steps={d['budget_steps'][h]}"]))
+PY
+)
+mapfile -t O <<< "$OVR"
 case $cmd in
   train)
     exec "$PY" bench/metaworld.py train --suite mt10 --run "$RUN" --data data/mt10_hindsight \
-      'model.grounding.state_index=[]' train.precision=fp32 train.num_threads=1 \
-      data.norm.action=quantiles "${O[@]}" ;;
+      train.precision=fp32 train.num_threads=1 "${O[@]}" ;;
   validate)
     exec "$PY" bench/metaworld.py validate --suite mt10 --run "$RUN" --as "vlastack_hindsight_$H" \
       --trial "$3" ;;
